@@ -1,0 +1,47 @@
+"""actorkeep: durable actors on one machine.
+
+Each actor owns one SQLite file and one durable alarm, handles one event at a time, and calls
+other actors with a caller identity the host vouches for. See docs/getting-started.md.
+"""
+
+from . import codec, testing
+from .actor import Actor, AlarmInfo
+from .app import App
+from .errors import (
+    ActorkeepError,
+    BadRequest,
+    CallTimeout,
+    Forbidden,
+    HostClosed,
+    Overloaded,
+    ReentryError,
+    RemoteError,
+)
+from .host import Host, current_actor
+from .http import Headers, Request, Response
+from .routing import route, rpc
+from .storage import FileStorage
+
+__all__ = [
+    "Actor",
+    "ActorkeepError",
+    "AlarmInfo",
+    "App",
+    "BadRequest",
+    "CallTimeout",
+    "FileStorage",
+    "Forbidden",
+    "Headers",
+    "Host",
+    "HostClosed",
+    "Overloaded",
+    "ReentryError",
+    "RemoteError",
+    "Request",
+    "Response",
+    "codec",
+    "current_actor",
+    "route",
+    "rpc",
+    "testing",
+]

@@ -1,0 +1,77 @@
+"""``ak.Actor``: the base class of every actor (SPEC §2-5)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import sqlalchemy
+
+    from .calls import ActorsClient
+    from .host import Activation
+    from .sql import Sql
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmInfo:
+    """What ``alarm(self, info)`` receives: when it was due and how many retries came before."""
+
+    scheduled_at: float
+    retry_count: int
+
+
+class Actor:
+    """Subclass this and register it with ``@app.actor(name)``.
+
+    The host creates instances with no arguments and sets ``address``, ``class_name``, ``name``,
+    ``options``, ``sql`` and ``actors`` before ``setup()`` runs. Instance attributes are a cache:
+    they are lost on eviction, after a failed event and on restart.
+    """
+
+    #: Refuse requests that do not come from another actor (403 before the actor is created).
+    callers_only: ClassVar[bool] = False
+
+    address: str
+    class_name: str
+    name: str
+    options: dict[str, Any]
+    sql: Sql
+    actors: ActorsClient
+    _ak: Activation
+    _ak_db: sqlalchemy.Connection | None = None
+
+    async def setup(self) -> None:
+        """Runs before the first event of each instance. Create tables here."""
+
+    def now(self) -> float:
+        """The host clock in epoch seconds. Use it, not ``time.time()``."""
+        return self._ak.host.clock.now()
+
+    @property
+    def db(self) -> sqlalchemy.Connection:
+        """A SQLAlchemy ``Connection`` on this actor's database (same connection as ``sql``)."""
+        if self._ak_db is None:
+            self._ak_db = self._ak.sqlalchemy_connection()
+        return self._ak_db
+
+    async def set_alarm(self, at: float) -> None:
+        """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.
+
+        Durable when it returns. ``TypeError`` if the class has no ``alarm`` method.
+        """
+        if not callable(getattr(self, "alarm", None)):
+            raise TypeError(f"{type(self).__name__} has no alarm() method to call")
+        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+            raise ValueError(f"alarm time must be a finite number of epoch seconds, not {at!r}")
+        await self._ak.set_alarm(float(at))
+
+    def get_alarm(self) -> float | None:
+        """The time the alarm is set for, or ``None``."""
+        state = self._ak.alarm
+        return state.at if state is not None else None
+
+    async def delete_alarm(self) -> None:
+        """Remove the alarm, if any. Durable when it returns."""
+        await self._ak.delete_alarm()

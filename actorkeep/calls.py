@@ -1,0 +1,114 @@
+"""``self.actors``: calls from one actor to another (SPEC §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import codec
+from .address import split_address
+from .errors import ReentryError, error_for_status
+from .http import Headers, Request, Response
+
+if TYPE_CHECKING:
+    from .host import Activation
+
+DEFAULT_TIMEOUT = 30.0
+_RPC_HEADERS = {"content-type": codec.MSGPACK}
+
+
+class ActorsClient:
+    """Calls other actors on behalf of the actor it belongs to (``self.actors``)."""
+
+    __slots__ = ("_act",)
+
+    def __init__(self, act: Activation) -> None:
+        self._act = act
+
+    async def call(
+        self,
+        address: str,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Response:
+        """Send an HTTP-shaped request to the actor at ``address`` and return its response.
+
+        Raises ``ReentryError`` if ``address`` is already waiting in this call chain,
+        ``Overloaded`` if it has too many waiting events, ``CallTimeout`` after ``timeout``
+        seconds (the callee's event keeps running), and ``ValueError`` for a bad address.
+        Any other outcome, errors included, is returned as a ``Response``.
+        """
+        act = self._act
+        return await act.host.call(
+            act.address, act.chain_for_call(), address, method, path, body, headers, timeout
+        )
+
+    def ref(self, address: str, timeout: float | None = DEFAULT_TIMEOUT) -> ActorRef:
+        """A handle whose attributes call the ``@rpc`` methods of the actor at ``address``."""
+        split_address(address)
+        return ActorRef(self._act, address, timeout)
+
+
+class ActorRef:
+    """``await ref.method(**kwargs)`` calls ``@rpc method`` with msgpack-encoded arguments.
+
+    An error reply raises ``RemoteError`` (or its subclasses, by status).
+    """
+
+    __slots__ = ("_act", "_address", "_timeout")
+
+    def __init__(self, act: Activation, address: str, timeout: float | None) -> None:
+        self._act = act
+        self._address = address
+        self._timeout = timeout
+
+    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        async def call(**kwargs: Any) -> Any:
+            return await call_rpc(self._act, self._address, method, kwargs, self._timeout)
+
+        call.__name__ = method
+        return call
+
+    def __repr__(self) -> str:
+        return f"<ActorRef {self._address}>"
+
+
+async def call_rpc(
+    act: Activation, address: str, method: str, args: dict[str, Any], timeout: float | None
+) -> Any:
+    """Call ``@rpc method`` of ``address`` from ``act``; decode the result or raise."""
+    class_name, name = split_address(address)
+    host = act.host
+    chain = act.chain_for_call()
+    if address in chain:
+        raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
+    headers = dict(_RPC_HEADERS)
+    headers["x-actorkeep-caller"] = act.address
+    request = Request(
+        "POST",
+        f"/_rpc/{method}",
+        {},
+        Headers._from_lower(headers),
+        codec.pack(args),
+        act.address,
+    )
+    resp = await host.deliver(class_name, name, request, chain, timeout)
+    return decode_reply(resp)
+
+
+def decode_reply(resp: Response) -> Any:
+    """The result carried by an ``@rpc`` reply, or the exception its error status means."""
+    if resp.status < 400:
+        return codec.decode_result(resp.body, codec.encoding_of(resp.headers.get("content-type")))
+    try:
+        err = resp.json()
+        error, message = str(err["error"]), str(err["message"])
+    except Exception:
+        error, message = "RemoteError", resp.body[:200].decode("utf-8", "replace")
+    raise error_for_status(resp.status, error, message)

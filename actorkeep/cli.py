@@ -1,0 +1,159 @@
+"""``actorkeep serve MODULE:APP``: one host process on hypercorn's trio worker (SPEC §11)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import structlog
+import trio
+
+from .app import App
+from .asgi import AsgiApp
+from .front import Front
+from .host import Host
+from .storage import FileStorage
+
+log = structlog.get_logger("actorkeep")
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:APP`` (the current directory is on the import path)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"actorkeep: want MODULE:APP, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"actorkeep: cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise SystemExit(f"actorkeep: {spec!r} is not an actorkeep.App")
+    return app
+
+
+def parse_access(values: list[str]) -> dict[str, str]:
+    access: dict[str, str] = {}
+    for value in values:
+        class_name, sep, rule = value.partition("=")
+        if not sep or rule not in ("internal", "public"):
+            raise SystemExit(f"actorkeep: --access wants CLASS=internal, got {value!r}")
+        access[class_name] = rule
+    return access
+
+
+def configure_logging(fmt: str) -> None:
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks if fmt == "json" else structlog.dev.set_exc_info,
+            renderer,
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+
+def _raise_open_file_limit() -> None:
+    # Each active actor holds a few descriptors (database, WAL, shared memory).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def serve(
+    app: App,
+    app_spec: str,
+    data: Path,
+    bind_host: str,
+    port: int,
+    access: dict[str, str],
+) -> None:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    host = Host(app, FileStorage(data), access=access)
+    config = Config()
+    config.bind = [f"{bind_host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 5.0
+    config.keep_alive_timeout = 30.0
+    async with host.open():
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def shutdown_trigger() -> None:
+                async for signum in signals:
+                    log.info("shutting down", signal=signal.Signals(signum).name)
+                    return
+
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(
+                    lambda task_status: hypercorn_serve(
+                        cast(Any, AsgiApp(Front(host))),
+                        config,
+                        shutdown_trigger=shutdown_trigger,
+                        task_status=task_status,
+                    )
+                )
+                log.info(
+                    "actorkeep serving",
+                    app=app_spec,
+                    urls=urls,
+                    data=str(data),
+                    classes=sorted(app.classes),
+                    pid=os.getpid(),
+                )
+    log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="actorkeep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="serve an app's actors over HTTP")
+    p.add_argument("app", metavar="MODULE:APP")
+    p.add_argument("--data", default="./data", help="data directory (default ./data)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
+    p.add_argument(
+        "--access",
+        action="append",
+        default=[],
+        metavar="CLASS=internal",
+        help="refuse outside requests to CLASS (repeatable)",
+    )
+    p.add_argument("--log-format", choices=["console", "json"], default="console")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_format)
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be 0-65535")
+    app = load_app(args.app)
+    access = parse_access(args.access)
+    data = Path(args.data).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    _raise_open_file_limit()
+    try:
+        Host(app, FileStorage(data), access=access)  # validate options before binding
+    except ValueError as exc:
+        raise SystemExit(f"actorkeep: {exc}") from None
+    trio.run(serve, app, args.app, data, args.host, args.port, access)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Encoding of ``@rpc`` arguments and results: msgpack or JSON, chosen by Content-Type."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgpack
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+Encoding = Literal["msgpack", "json"]
+
+_MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+
+
+def encoding_of(content_type: str | None) -> Encoding:
+    """The encoding a Content-Type asks for; JSON when there is none (curl-friendly)."""
+    if not content_type:
+        return "json"
+    media = content_type.partition(";")[0].strip().lower()
+    if media in _MSGPACK_TYPES:
+        return "msgpack"
+    if media == JSON or media.endswith("+json"):
+        return "json"
+    raise ValueError(f"unsupported content type {content_type!r}: use {JSON} or {MSGPACK}")
+
+
+def media_type(encoding: Encoding) -> str:
+    return MSGPACK if encoding == "msgpack" else JSON
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+def encode(value: Any, encoding: Encoding) -> bytes:
+    """Encode a result. ``TypeError`` if the value has no representation in that encoding."""
+    if encoding == "msgpack":
+        return pack(value)
+    try:
+        return json.dumps(value, separators=(",", ":")).encode()
+    except ValueError as exc:  # NaN/inf are refused: JSON has no such numbers
+        raise TypeError(str(exc)) from None
+
+
+def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
+    """Decode an argument map; an empty body means no arguments. ``ValueError`` if malformed."""
+    if not body:
+        return {}
+    try:
+        args = unpack(body) if encoding == "msgpack" else json.loads(body)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ValueError(f"body is not valid {encoding}: {exc}") from None
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ValueError("arguments must be a map with string keys")
+    return args
+
+
+def decode_result(body: bytes, encoding: Encoding) -> Any:
+    """Decode a result; ``ValueError`` if malformed."""
+    try:
+        return unpack(body) if encoding == "msgpack" else json.loads(body)
+    except Exception as exc:
+        raise ValueError(f"reply is not valid {encoding}: {exc}") from None

@@ -1,0 +1,64 @@
+"""Exceptions raised by the runtime and by calls between actors (SPEC §13)."""
+
+from __future__ import annotations
+
+
+class ActorkeepError(Exception):
+    """Base class of every actorkeep error."""
+
+
+class RemoteError(ActorkeepError):
+    """A call was answered with an error status (the remote event failed or refused)."""
+
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(f"{status} {error}: {message}")
+        self.status = status
+        self.error = error
+        self.message = message
+
+
+class BadRequest(RemoteError, ValueError):
+    """400 or 413: the callee refused what it was given."""
+
+
+class Forbidden(RemoteError):
+    """403: the callee refuses this caller."""
+
+    def __init__(self, message: str = "forbidden", error: str = "Forbidden") -> None:
+        super().__init__(403, error, message)
+
+
+class Overloaded(RemoteError):
+    """503: the callee has too many waiting events; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str = "actor overloaded", retry_after: float = 1.0) -> None:
+        super().__init__(503, "Overloaded", message)
+        self.retry_after = retry_after
+
+
+class ReentryError(RemoteError):
+    """508: the callee is already in the call chain; the call would wait on itself forever."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(508, "ReentryError", message)
+
+
+class CallTimeout(ActorkeepError):
+    """The callee did not answer in time. Its event may still run and its effects may apply."""
+
+
+class HostClosed(ActorkeepError):
+    """The host is shutting down or closed and takes no new events."""
+
+
+def error_for_status(status: int, error: str, message: str) -> RemoteError:
+    """The exception a calling actor sees for an error reply."""
+    if status in (400, 413):
+        return BadRequest(status, error, message)
+    if status == 403:
+        return Forbidden(message, error)
+    if status == 503:
+        return Overloaded(message)
+    if status == 508:
+        return ReentryError(message)
+    return RemoteError(status, error, message)

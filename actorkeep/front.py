@@ -1,0 +1,81 @@
+"""The outside front: from an HTTP request to an actor's event (SPEC §6).
+
+``/<class>/<name>/<path>`` goes to the actor's handler with path ``/<path>``; the host's own
+``/_actorkeep/health`` answers 200. Every ``x-actorkeep-*`` header from outside is dropped here,
+so an outside client can never pose as an actor. Used by the ASGI app and by ``ak.testing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from urllib.parse import unquote
+
+import structlog
+
+from .address import check_actor_name
+from .errors import HostClosed, Overloaded
+from .host import RESERVED_HEADER_PREFIX, Host, parse_query
+from .http import Headers, Request, Response, error_response
+
+log = structlog.get_logger("actorkeep")
+
+HEALTH_PATH = "/_actorkeep/health"
+
+
+class Front:
+    """Turns outside requests into events and refusals into status codes."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def handle(
+        self,
+        method: str,
+        raw_path: str,
+        query_string: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> Response:
+        """Answer one outside request; ``raw_path`` is still percent-encoded."""
+        try:
+            return await self._handle(method, raw_path, query_string, headers, body)
+        except Overloaded as exc:
+            return error_response(
+                503, "Overloaded", exc.message, {"retry-after": str(round(exc.retry_after))}
+            )
+        except HostClosed as exc:
+            return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})
+
+    async def _handle(
+        self,
+        method: str,
+        raw_path: str,
+        query_string: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> Response:
+        if raw_path == HEALTH_PATH:
+            return Response.json({"status": "ok", "active": self.host.active_count})
+        parts = raw_path.split("/", 3)
+        if len(parts) < 3 or parts[0] or not parts[1] or not parts[2]:
+            return error_response(404, "NotFound", "want /<class>/<name>/<path>")
+        class_name = unquote(parts[1])
+        if class_name not in self.host.classes:
+            return error_response(404, "NotFound", f"no actor class {class_name!r}")
+        name = unquote(parts[2])
+        try:
+            check_actor_name(name)
+        except ValueError as exc:
+            return error_response(400, "BadRequest", str(exc))
+        if len(body) > self.host.max_body:
+            return error_response(413, "PayloadTooLarge", f"body over {self.host.max_body} bytes")
+        path = "/" + parts[3] if len(parts) == 4 else "/"
+        hdrs = Headers(
+            (k, v) for k, v in headers if not k.lower().startswith(RESERVED_HEADER_PREFIX)
+        )
+        try:
+            query = parse_query(query_string)
+        except ValueError as exc:
+            return error_response(400, "BadRequest", f"bad query string: {exc}")
+        request = Request(method.upper(), path, query, hdrs, body, None)
+        return await self.host.deliver(class_name, name, request, (), None)

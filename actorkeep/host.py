@@ -1,0 +1,682 @@
+"""The actor host: activations, one event at a time per actor, calls, eviction, alarms.
+
+Every active actor has an ``Activation``: its database, its FIFO of waiting events, its current
+instance, and one worker task in the host's nursery that runs the events one after another.
+A caller (an HTTP request task, or another actor's worker) appends an event and parks until the
+worker hands back the reply with ``trio.lowlevel.reschedule``; a caller that times out or is
+cancelled stops waiting, and the event keeps running. See docs/decisions/0001-event-model.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import outcome
+import structlog
+import trio
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
+
+from . import codec
+from .actor import Actor, AlarmInfo
+from .address import split_address
+from .alarms import ACTOR_TABLE, MAX_RETRIES, AlarmIndex, AlarmState, retry_delay
+from .app import ActorClass, App
+from .calls import ActorsClient
+from .clock import Clock
+from .errors import CallTimeout, HostClosed, Overloaded, ReentryError
+from .http import Headers, Request, Response, error_response
+from .sql import Sql
+from .storage import Database, StorageBackend
+
+if TYPE_CHECKING:
+    import sqlalchemy
+
+log = structlog.get_logger("actorkeep")
+
+CALLER_HEADER = "x-actorkeep-caller"
+RESERVED_HEADER_PREFIX = "x-actorkeep-"
+_STOP = object()
+_DUE_BATCH = 256
+
+_current_actor: ContextVar[Actor] = ContextVar("actorkeep_current_actor")
+
+
+def current_actor() -> Actor:
+    """The actor whose event is running in this task (``RuntimeError`` outside an event)."""
+    try:
+        return _current_actor.get()
+    except LookupError:
+        raise RuntimeError("no actor event is running in this task") from None
+
+
+class Event:
+    """One unit of work for an actor: a request, a call, or the alarm."""
+
+    __slots__ = ("abandoned", "args", "chain", "encoding", "fn", "params", "request", "waiter")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | None,
+        request: Request | None,
+        chain: tuple[str, ...],
+        params: dict[str, str] | None = None,
+        args: dict[str, Any] | None = None,
+        encoding: codec.Encoding | None = None,
+    ) -> None:
+        self.fn = fn  # None for the alarm
+        self.request = request
+        self.chain = chain  # addresses whose events wait on this one, outermost first
+        self.params = params
+        self.args = args  # set for @rpc calls
+        self.encoding = encoding
+        self.waiter: Task | None = None
+        self.abandoned = False
+
+
+def _abort_park(_: Any) -> Abort:
+    return Abort.SUCCEEDED
+
+
+class Activation:
+    """An actor in memory: database, waiting events, instance and worker task."""
+
+    __slots__ = (
+        "address",
+        "alarm",
+        "alarm_touched",
+        "class_name",
+        "closed",
+        "current",
+        "db",
+        "host",
+        "instance",
+        "last_used",
+        "name",
+        "parked",
+        "queue",
+        "sa_engine",
+        "spec",
+        "sql",
+        "task",
+    )
+
+    def __init__(self, host: Host, spec: ActorClass, address: str, name: str) -> None:
+        self.host = host
+        self.spec = spec
+        self.address = address
+        self.class_name = spec.name
+        self.name = name
+        self.queue: deque[Event] = deque()
+        self.task: Task | None = None
+        self.parked = False
+        self.closed = False
+        self.current: Event | None = None
+        self.db: Database | None = None
+        self.sql: Sql | None = None
+        self.instance: Actor | None = None
+        self.alarm: AlarmState | None = None
+        self.alarm_touched = False
+        self.sa_engine: sqlalchemy.Engine | None = None
+        self.last_used = trio.current_time()
+
+    # -- database -------------------------------------------------------------------------
+    def open_db(self) -> Database:
+        db = self.host.storage.open_actor(self.class_name, self.name)
+        self.db = db
+        self.sql = Sql(db)
+        conn = db.conn
+        has_alarm_table = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (ACTOR_TABLE,)
+        ).fetchone()
+        if has_alarm_table:
+            row = conn.execute(
+                f"SELECT at, scheduled_at, retry_count FROM {ACTOR_TABLE} WHERE id = 0"
+            ).fetchone()
+            if row is not None:
+                self.alarm = AlarmState(*row)
+                index = self.host.alarm_index
+                if index.get(self.address) != self.alarm.at:  # heal an index write lost to a crash
+                    index.put(self.address, self.alarm.at)
+                    self.host.poke_alarms(self.alarm.at)
+        return db
+
+    def sqlalchemy_connection(self) -> sqlalchemy.Connection:
+        import sqlalchemy
+        from sqlalchemy.pool import StaticPool
+
+        assert self.db is not None
+        if self.sa_engine is None:
+            conn = self.db.conn
+            self.sa_engine = sqlalchemy.create_engine(
+                "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
+            )
+        return self.sa_engine.connect()
+
+    # -- instances ------------------------------------------------------------------------
+    def new_instance(self) -> Actor:
+        inst = self.spec.cls()
+        inst.address = self.address
+        inst.class_name = self.class_name
+        inst.name = self.name
+        inst.options = self.spec.options
+        assert self.sql is not None
+        inst.sql = self.sql
+        inst.actors = ActorsClient(self)
+        inst._ak = self
+        self.instance = inst
+        _current_actor.set(inst)
+        return inst
+
+    def discard_instance(self) -> None:
+        inst, self.instance = self.instance, None
+        if inst is not None and inst._ak_db is not None:
+            inst._ak_db.close()
+
+    def rollback(self) -> None:
+        if self.db is not None and self.db.conn.in_transaction:
+            self.db.conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.closed = True
+        self.discard_instance()
+        if self.sa_engine is not None:
+            self.sa_engine.dispose(close=False)
+            self.sa_engine = None
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                self.rollback()
+            self.db.close()
+            self.db = None
+
+    def chain_for_call(self) -> tuple[str, ...]:
+        ev = self.current
+        return (*ev.chain, self.address) if ev is not None else (self.address,)
+
+    # -- alarm ----------------------------------------------------------------------------
+    def _ensure_writable(self, what: str) -> Database:
+        db = self.db
+        assert db is not None
+        if db.conn.in_transaction:
+            raise RuntimeError(f"{what} inside a transaction: end the transaction first")
+        return db
+
+    async def set_alarm(
+        self, at: float, scheduled_at: float | None = None, retries: int = 0
+    ) -> None:
+        db = self._ensure_writable("set_alarm")
+        index = self.host.alarm_index
+        index.put(self.address, at)  # the index first: see alarms.py
+        await index.sync()
+        db.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {ACTOR_TABLE} (id INTEGER PRIMARY KEY CHECK (id = 0), "
+            "at REAL NOT NULL, scheduled_at REAL NOT NULL, retry_count INTEGER NOT NULL)"
+        )
+        db.conn.execute(
+            f"INSERT OR REPLACE INTO {ACTOR_TABLE} (id, at, scheduled_at, retry_count) "
+            "VALUES (0, ?, ?, ?)",
+            (at, at if scheduled_at is None else scheduled_at, retries),
+        )
+        self.alarm = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
+        self.alarm_touched = True
+        await db.sync()
+        self.host.poke_alarms(at)
+
+    def clear_alarm(self) -> None:
+        """Remove the alarm with plain writes (a crash may bring it back: at least once)."""
+        db = self.db
+        assert db is not None
+        if self.alarm is not None:
+            db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
+            self.alarm = None
+        self.alarm_touched = True
+        self.host.alarm_index.remove(self.address)
+
+    async def delete_alarm(self) -> None:
+        db = self._ensure_writable("delete_alarm")
+        had = self.alarm is not None
+        self.clear_alarm()
+        if had:
+            await db.sync()
+
+
+class Host:
+    """Runs the actors of an ``App`` on one trio thread. Use ``async with host.open():``."""
+
+    def __init__(
+        self,
+        app: App,
+        storage: StorageBackend,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        idle_timeout: float = 30.0,
+        max_active: int = 10_000,
+        max_pending: int = 1_000,
+        max_body: int = 1 << 20,
+        access: Mapping[str, str] | None = None,
+    ) -> None:
+        if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
+            raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
+        self.app = app
+        self.storage = storage
+        self.clock = clock if clock is not None else Clock()
+        self.rng = rng if rng is not None else random.Random()
+        self.idle_timeout = idle_timeout
+        self.max_active = max_active
+        self.max_pending = max_pending
+        self.max_body = max_body
+        self.classes = app.classes
+        self._internal = {c for c, a in app.classes.items() if a.access == "internal"}
+        for class_name, rule in (access or {}).items():
+            if class_name not in app.classes:
+                raise ValueError(f"--access names unknown actor class {class_name!r}")
+            if rule not in ("internal", "public"):
+                raise ValueError(f"access for {class_name!r} must be 'internal' or 'public'")
+            (self._internal.add if rule == "internal" else self._internal.discard)(class_name)
+        self._activations: OrderedDict[str, Activation] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+        self._closing = False
+        self._alarm_index: AlarmIndex | None = None
+        self._alarm_scope: trio.CancelScope | None = None
+        self._alarms_running: set[str] = set()
+        self._evictor_scope: trio.CancelScope | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def alarm_index(self) -> AlarmIndex:
+        if self._alarm_index is None:
+            raise HostClosed("the host is not open")
+        return self._alarm_index
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[Host]:
+        """Open the host: start its alarm scheduler and evictor; close everything on exit."""
+        if self._nursery is not None or self._closing:
+            raise RuntimeError("a Host can be opened once; make a new one to restart")
+        self._alarm_index = AlarmIndex(self.storage.open_host_db())
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._alarm_loop)
+                nursery.start_soon(self._evictor_loop)
+                try:
+                    yield self
+                finally:
+                    self._closing = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._closing = True
+            for act in list(self._activations.values()):
+                self._retire(act)
+            self._alarm_index.close()
+            self.storage.close()
+
+    @property
+    def active_count(self) -> int:
+        """How many actors are in memory."""
+        return len(self._activations)
+
+    # -- access ---------------------------------------------------------------------------
+    def refusal(self, spec: ActorClass, caller: str | None) -> Response | None:
+        """The 403 for a caller this class refuses, before any actor is created."""
+        if caller is None:
+            if spec.name in self._internal:
+                return error_response(403, "Forbidden", f"actor class {spec.name!r} is internal")
+            if spec.cls.callers_only or spec.allow is not None:
+                return error_response(
+                    403, "Forbidden", f"actor class {spec.name!r} answers only other actors"
+                )
+        elif spec.allow is not None and caller.partition("/")[0] not in spec.allow:
+            return error_response(
+                403, "Forbidden", f"actor class {spec.name!r} does not answer {caller!r}"
+            )
+        return None
+
+    # -- entry points ---------------------------------------------------------------------
+    async def call(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,
+    ) -> Response:
+        """A call from actor ``caller`` (whose chain of waiting callers is ``chain``)."""
+        class_name, name = split_address(address)
+        if address in chain:
+            raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
+        if not isinstance(body, bytes | bytearray):
+            raise TypeError("body must be bytes")
+        path, _, query_string = path.partition("?")
+        if not path.startswith("/"):
+            raise ValueError(f"path must start with '/': {path!r}")
+        hdrs = {
+            k.lower(): v
+            for k, v in (headers or {}).items()
+            if not k.lower().startswith(RESERVED_HEADER_PREFIX)
+        }
+        hdrs[CALLER_HEADER] = caller
+        query = parse_query(query_string)
+        request = Request(
+            method.upper(), path, query, Headers._from_lower(hdrs), bytes(body), caller
+        )
+        return await self.deliver(class_name, name, request, chain, timeout)
+
+    async def deliver(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        """Route a request to an actor and wait for its reply.
+
+        Everything that refuses a request (unknown class or route, access, size, a body that
+        does not decode) happens here, before the actor is created.
+        """
+        spec = self.classes.get(class_name)
+        if spec is None:
+            return error_response(404, "NotFound", f"no actor class {class_name!r}")
+        refused = self.refusal(spec, request.caller)
+        if refused is not None:
+            return refused
+        if len(request.body) > self.max_body:
+            return error_response(413, "PayloadTooLarge", f"body over {self.max_body} bytes")
+        router = spec.router
+        rpc = router.rpc_for(request.method, request.path)
+        if rpc is not None:
+            try:
+                encoding = codec.encoding_of(request.headers.get("content-type"))
+                args = codec.decode_args(request.body, encoding)
+                rpc.check_args(args)
+            except ValueError as exc:
+                return error_response(400, "BadRequest", str(exc))
+            ev = Event(rpc.fn, request, chain, None, args, encoding)
+        else:
+            found = router.match(request.method, request.path)
+            if found is None:
+                return error_response(
+                    404, "NotFound", f"{class_name} has no route {request.method} {request.path}"
+                )
+            ev = Event(found[0], request, chain, found[1])
+        address = f"{class_name}/{name}"
+        self._enqueue(self._activation(address, spec, name), ev, limit=True)
+        return await self._wait(ev, timeout)
+
+    # -- activations and the worker -------------------------------------------------------
+    def _activation(self, address: str, spec: ActorClass, name: str) -> Activation:
+        if self._closing or self._nursery is None:
+            raise HostClosed("the host is closed")
+        act = self._activations.get(address)
+        if act is not None:
+            self._activations.move_to_end(address)
+            return act
+        act = Activation(self, spec, address, name)
+        self._activations[address] = act
+        self._nursery.start_soon(self._worker, act, name=f"actor {address}")
+        if len(self._activations) > self.max_active:
+            self._evict_lru(len(self._activations) - self.max_active)
+        return act
+
+    def _enqueue(self, act: Activation, ev: Event, limit: bool) -> None:
+        if limit and len(act.queue) >= self.max_pending:
+            raise Overloaded(f"{act.address} has {len(act.queue)} waiting events")
+        act.queue.append(ev)
+        if act.parked:
+            act.parked = False
+            assert act.task is not None
+            reschedule(act.task)
+
+    async def _wait(self, ev: Event, timeout: float | None) -> Response:
+        ev.waiter = current_task()
+
+        def abort(_: Any) -> Abort:
+            ev.waiter = None
+            ev.abandoned = True
+            return Abort.SUCCEEDED
+
+        if timeout is None:
+            return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        with trio.move_on_after(timeout):
+            return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        raise CallTimeout(f"no answer within {timeout} s")
+
+    @staticmethod
+    def _reply(ev: Event, result: outcome.Outcome[Response]) -> None:
+        waiter = ev.waiter
+        if waiter is not None:
+            ev.waiter = None
+            reschedule(waiter, result)
+
+    async def _worker(self, act: Activation) -> None:
+        act.task = current_task()
+        queue = act.queue
+        try:
+            while True:
+                if not queue:
+                    act.parked = True
+                    if await wait_task_rescheduled(_abort_park) is _STOP:
+                        return
+                    continue
+                ev = queue.popleft()
+                if ev.abandoned:
+                    continue
+                act.current = ev
+                try:
+                    if ev.fn is None:
+                        await self._run_alarm(act)
+                    else:
+                        self._reply(ev, await self._run(act, ev))
+                finally:
+                    act.current = None
+                    act.last_used = now = trio.current_time()
+                    if not act.closed:
+                        self._activations.move_to_end(act.address)
+                        self._note_idle(now + self.idle_timeout)
+        finally:
+            self._retire(act)
+
+    def _retire(self, act: Activation) -> None:
+        """Forget an activation whose worker has ended; fail the events it will never run."""
+        if self._activations.get(act.address) is act:
+            del self._activations[act.address]
+        error = outcome.Error(HostClosed(f"{act.address} was shut down"))
+        if act.current is not None:
+            self._reply(act.current, error)
+        while act.queue:
+            self._reply(act.queue.popleft(), error)
+        act.close()
+
+    async def _instance(self, act: Activation) -> Actor:
+        inst = act.instance
+        if inst is None:
+            if act.db is None:
+                act.open_db()
+            inst = act.new_instance()
+            await inst.setup()
+        return inst
+
+    async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
+        try:
+            inst = await self._instance(act)
+            assert ev.fn is not None
+            if ev.args is not None:
+                result = await ev.fn(inst, **ev.args)
+                assert ev.encoding is not None
+                body = codec.encode(result, ev.encoding)
+                ctype = codec.media_type(ev.encoding)
+                resp = Response(200, Headers._from_lower({"content-type": ctype}), body)
+            else:
+                resp = await ev.fn(inst, ev.request, **(ev.params or {}))
+                if not isinstance(resp, Response):
+                    raise TypeError(
+                        f"route handler {ev.fn.__qualname__} returned {type(resp).__name__}, "
+                        "not ak.Response"
+                    )
+        except Exception as exc:
+            return outcome.Value(self._failed(act, exc))
+        return outcome.Value(resp)
+
+    def _failed(self, act: Activation, exc: Exception) -> Response:
+        """A failed event: roll back, discard the instance, log, answer 500."""
+        try:
+            act.rollback()
+        except Exception:
+            log.exception("rollback failed", address=act.address)
+        act.discard_instance()
+        log.error("event failed", address=act.address, error=type(exc).__name__, exc_info=exc)
+        return error_response(500, type(exc).__name__, str(exc))
+
+    # -- eviction -------------------------------------------------------------------------
+    def _evict(self, act: Activation) -> None:
+        del self._activations[act.address]
+        act.closed = True
+        if act.parked:
+            act.parked = False
+            assert act.task is not None
+            reschedule(act.task, outcome.Value(_STOP))
+
+    def _evict_lru(self, count: int) -> None:
+        victims: list[Activation] = []
+        for act in self._activations.values():
+            if len(victims) >= count:
+                break
+            if act.parked and not act.queue:
+                victims.append(act)
+        for act in victims:
+            self._evict(act)
+
+    def _note_idle(self, deadline: float) -> None:
+        scope = self._evictor_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    async def _evictor_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            victims: list[Activation] = []
+            deadline = math.inf
+            for act in self._activations.values():
+                if act.current is not None or act.queue or not act.parked:
+                    continue  # busy, or its worker has not started yet
+                expires = act.last_used + self.idle_timeout
+                if expires > now:
+                    deadline = expires
+                    break
+                victims.append(act)
+            for act in victims:
+                self._evict(act)
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._evictor_scope = scope
+                await trio.sleep_forever()
+            self._evictor_scope = None
+
+    # -- alarms ---------------------------------------------------------------------------
+    def poke_alarms(self, at: float) -> None:
+        """Wake the scheduler if ``at`` is earlier than it planned to wake."""
+        scope = self._alarm_scope
+        if scope is not None:
+            deadline = self.clock.trio_time(at)
+            if deadline < scope.deadline:
+                scope.deadline = deadline
+
+    async def _alarm_loop(self) -> None:
+        index = self.alarm_index
+        while True:
+            now = self.clock.now()
+            after = ""
+            while True:
+                rows = index.due(now, after, _DUE_BATCH)
+                for address, _ in rows:
+                    if address not in self._alarms_running:
+                        self._fire(address)
+                if len(rows) < _DUE_BATCH:
+                    break
+                after = rows[-1][0]
+                await trio.lowlevel.checkpoint()
+            nxt = index.next_after(now)
+            deadline = self.clock.trio_time(nxt) if nxt is not None else math.inf
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._alarm_scope = scope
+                await trio.sleep_forever()
+            self._alarm_scope = None
+
+    def _fire(self, address: str) -> None:
+        try:
+            class_name, name = split_address(address)
+        except ValueError:
+            class_name = name = ""
+        spec = self.classes.get(class_name)
+        if spec is None or not spec.has_alarm:
+            # Keep the entry: the class may come back with the next deploy of the app.
+            log.warning("alarm for an actor class this app does not serve", address=address)
+            self._alarms_running.add(address)
+            return
+        self._alarms_running.add(address)
+        self._enqueue(self._activation(address, spec, name), Event(None, None, ()), limit=False)
+
+    async def _run_alarm(self, act: Activation) -> None:
+        try:
+            if act.db is None:
+                act.open_db()
+        except Exception as exc:  # storage failed: the alarm stays where it is
+            self._failed(act, exc)
+            self._alarms_running.discard(act.address)
+            return
+        try:
+            state = act.alarm
+            if state is None:
+                self.alarm_index.remove(act.address)  # an index entry that outlived its alarm
+                return
+            if state.at > self.clock.now():
+                return  # moved later by an event that ran first; the finally re-arms
+            act.alarm_touched = False
+            try:
+                inst = await self._instance(act)
+                await inst.alarm(AlarmInfo(state.scheduled_at, state.retry_count))  # type: ignore[attr-defined]
+            except Exception as exc:
+                self._failed(act, exc)
+                await self._retry_alarm(act, state)
+                return
+            if not act.alarm_touched:
+                act.clear_alarm()
+        finally:
+            self._alarms_running.discard(act.address)
+            if act.alarm is not None:
+                self.poke_alarms(act.alarm.at)
+
+    async def _retry_alarm(self, act: Activation, state: AlarmState) -> None:
+        """After a failed alarm event: the retry replaces any alarm the event set."""
+        if state.retry_count < MAX_RETRIES:
+            retry_at = self.clock.now() + retry_delay(state.retry_count)
+            await act.set_alarm(retry_at, state.scheduled_at, state.retry_count + 1)
+            return
+        act.clear_alarm()
+        log.error(
+            "alarm dropped after its last retry",
+            address=act.address,
+            scheduled_at=state.scheduled_at,
+            retries=state.retry_count,
+        )
+
+
+def parse_query(query_string: str) -> dict[str, str]:
+    """``a=1&b=2`` -> ``{"a": "1", "b": "2"}``; the first value of a repeated key wins."""
+    if not query_string:
+        return {}
+    from urllib.parse import parse_qsl
+
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(query_string, keep_blank_values=True):
+        query.setdefault(key, value)
+    return query

@@ -1,0 +1,125 @@
+"""The HTTP-shaped values that handlers receive and return: Request, Response, Headers."""
+
+from __future__ import annotations
+
+import json as _json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, overload
+
+
+class Headers(Mapping[str, str]):
+    """A read-only, case-insensitive header map. Repeated headers are joined with ``", "``."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
+        self._map: dict[str, str] = {}
+        if items is None:
+            return
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for key, value in pairs:
+            k = key.lower()
+            self._map[k] = f"{self._map[k]}, {value}" if k in self._map else value
+
+    @classmethod
+    def _from_lower(cls, mapping: dict[str, str]) -> Headers:
+        h = cls.__new__(cls)
+        h._map = mapping
+        return h
+
+    def __getitem__(self, key: str) -> str:
+        return self._map[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._map
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._map!r})"
+
+
+class Request:
+    """What a ``@route`` handler receives.
+
+    ``caller`` is the address of the calling actor as vouched for by the host, or ``None``
+    for a request from outside.
+    """
+
+    __slots__ = ("body", "caller", "headers", "method", "path", "query")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None = None,
+        headers: Headers | None = None,
+        body: bytes = b"",
+        caller: str | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query if query is not None else {}
+        self.headers = headers if headers is not None else Headers()
+        self.body = body
+        self.caller = caller
+
+    def json(self) -> Any:
+        """The body decoded as JSON (``ValueError`` if it is not JSON)."""
+        return _json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"<Request {self.method} {self.path} caller={self.caller!r}>"
+
+
+def _json_response(obj: Any, status: int = 200) -> Response:
+    body = _json.dumps(obj, separators=(",", ":")).encode()
+    return Response(status, Headers._from_lower({"content-type": "application/json"}), body)
+
+
+class _JsonMember:
+    """``Response.json(obj)`` builds a JSON response; ``resp.json()`` decodes one (SPEC §2)."""
+
+    @overload
+    def __get__(self, obj: None, objtype: type[Response]) -> Callable[..., Response]: ...
+    @overload
+    def __get__(self, obj: Response, objtype: type[Response]) -> Callable[[], Any]: ...
+    def __get__(self, obj: Response | None, objtype: type[Response]) -> Callable[..., Any]:
+        if obj is None:
+            return _json_response
+        body = obj.body
+        return lambda: _json.loads(body)
+
+
+class Response:
+    """What a handler returns and what a call answers."""
+
+    __slots__ = ("body", "headers", "status")
+    json = _JsonMember()
+
+    def __init__(
+        self,
+        status: int = 200,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        body: bytes = b"",
+    ) -> None:
+        self.status = status
+        self.headers = headers if isinstance(headers, Headers) else Headers(headers)
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"<Response {self.status} {len(self.body)} bytes>"
+
+
+def error_response(
+    status: int, error: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """The JSON error body of SPEC §2: ``{"error": ..., "message": ...}``."""
+    resp = _json_response({"error": error, "message": message}, status)
+    if headers:
+        resp.headers._map.update({k.lower(): v for k, v in headers.items()})
+    return resp

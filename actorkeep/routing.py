@@ -1,0 +1,140 @@
+"""``@route`` / ``@rpc`` markers and the per-class router built from them (SPEC §2)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+RPC_PREFIX = "/_rpc/"
+_ROUTES_ATTR = "__actorkeep_routes__"
+_RPC_ATTR = "__actorkeep_rpc__"
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _is_async(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn)
+
+
+def route(method: str, path: str) -> Callable[[F], F]:
+    """Mark an ``async def handler(self, req, **params) -> Response`` for ``method path``.
+
+    ``path`` may hold ``{param}`` segments; each matches one path segment and is passed to the
+    handler as a keyword argument (percent-decoded). Stack the decorator for several routes.
+    """
+    method = method.upper()
+    if method not in METHODS:
+        raise ValueError(f"unsupported HTTP method {method!r}")
+    if not path.startswith("/"):
+        raise ValueError(f"route path must start with '/': {path!r}")
+
+    def mark(fn: F) -> F:
+        if not _is_async(fn):
+            raise TypeError(f"@route handler {fn.__qualname__} must be async def")
+        routes = list(getattr(fn, _ROUTES_ATTR, ()))
+        routes.append((method, path))
+        setattr(fn, _ROUTES_ATTR, routes)
+        return fn
+
+    return mark
+
+
+def rpc(fn: F) -> F:
+    """Mark an ``async def`` method as callable at ``POST /_rpc/<name>`` with a map of arguments."""
+    if not _is_async(fn):
+        raise TypeError(f"@rpc method {fn.__qualname__} must be async def")
+    setattr(fn, _RPC_ATTR, True)
+    return fn
+
+
+class RpcMethod:
+    """An ``@rpc`` method and the argument names it accepts, checked before it is called."""
+
+    __slots__ = ("fn", "name", "optional", "required", "var_kw")
+
+    def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        self.name = name
+        self.fn = fn
+        required: set[str] = set()
+        optional: set[str] = set()
+        self.var_kw = False
+        params = list(inspect.signature(fn).parameters.values())[1:]  # skip self
+        for p in params:
+            if p.kind is p.VAR_KEYWORD:
+                self.var_kw = True
+            elif p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
+                raise TypeError(f"@rpc method {name}: arguments are passed by name only")
+            elif p.default is p.empty:
+                required.add(p.name)
+            else:
+                optional.add(p.name)
+        self.required = frozenset(required)
+        self.optional = frozenset(required | optional)
+
+    def check_args(self, args: dict[str, Any]) -> None:
+        """``ValueError`` unless ``args`` binds to the method's parameters."""
+        keys = args.keys()
+        if not self.required <= keys:
+            missing = ", ".join(sorted(self.required - keys))
+            raise ValueError(f"{self.name}: missing argument(s): {missing}")
+        if not self.var_kw and not keys <= self.optional:
+            extra = ", ".join(sorted(keys - self.optional))
+            raise ValueError(f"{self.name}: unexpected argument(s): {extra}")
+
+
+RouteHandler = Callable[..., Awaitable[Any]]
+
+
+class Router:
+    """Matches ``(method, path)`` to a handler for one actor class, without an instance."""
+
+    def __init__(self, cls: type) -> None:
+        self.static: dict[tuple[str, str], RouteHandler] = {}
+        self.patterns: list[tuple[str, tuple[str, ...], RouteHandler]] = []
+        self.rpcs: dict[str, RpcMethod] = {}
+        seen: set[str] = set()
+        for klass in cls.__mro__:
+            for attr, fn in vars(klass).items():
+                if attr in seen:
+                    continue
+                seen.add(attr)
+                if getattr(fn, _RPC_ATTR, False):
+                    self.rpcs[attr] = RpcMethod(attr, fn)
+                for method, path in getattr(fn, _ROUTES_ATTR, ()):
+                    segments = tuple(path.strip("/").split("/")) if path != "/" else ()
+                    if any(s.startswith("{") and s.endswith("}") for s in segments):
+                        self.patterns.append((method, segments, fn))
+                    else:
+                        self.static.setdefault((method, path), fn)
+
+    def match(self, method: str, path: str) -> tuple[RouteHandler, dict[str, str]] | None:
+        """The handler and path parameters for a request, or ``None``."""
+        fn = self.static.get((method, path))
+        if fn is not None:
+            return fn, {}
+        if not self.patterns:
+            return None
+        parts = path.strip("/").split("/") if path != "/" else []
+        for m, segments, fn in self.patterns:
+            if m != method or len(segments) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for seg, part in zip(segments, parts, strict=True):
+                if seg.startswith("{") and seg.endswith("}"):
+                    if not part:
+                        break
+                    params[seg[1:-1]] = unquote(part)
+                elif seg != part:
+                    break
+            else:
+                return fn, params
+        return None
+
+    def rpc_for(self, method: str, path: str) -> RpcMethod | None:
+        """The ``@rpc`` method addressed by ``POST /_rpc/<name>``, or ``None``."""
+        if method != "POST" or not path.startswith(RPC_PREFIX):
+            return None
+        return self.rpcs.get(path[len(RPC_PREFIX) :])

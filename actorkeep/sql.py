@@ -1,0 +1,89 @@
+"""``self.sql``: statements on the actor's own database (SPEC §3)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .storage import Database
+
+Params = Sequence[Any] | dict[str, Any]
+
+
+class Written:
+    """The outcome of ``exec_durable``: the statement has run to completion and is durable."""
+
+    __slots__ = ("lastrowid", "rowcount", "rows")
+
+    def __init__(self, rows: list[Any], lastrowid: int | None, rowcount: int) -> None:
+        self.rows = rows
+        self.lastrowid = lastrowid
+        self.rowcount = rowcount
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
+class Sql:
+    """Runs statements on one actor's database. Autocommit unless inside ``transaction()``."""
+
+    __slots__ = ("_conn", "_db")
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._conn = db.conn
+
+    def exec(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
+        """Run one statement now. Once it has run to completion its effect survives a crash of
+        the process (a ``RETURNING`` statement completes when its rows have been fetched)."""
+        return self._conn.execute(sql, params)
+
+    async def exec_durable(self, sql: str, params: Params = ()) -> Written:
+        """Run one statement to completion and return once it survives power loss.
+
+        Inside a transaction only ``"COMMIT"`` is accepted: it ends the transaction durably.
+        """
+        conn = self._conn
+        if conn.in_transaction and sql.strip().upper() not in (
+            "COMMIT",
+            "END",
+            "COMMIT TRANSACTION",
+        ):
+            raise RuntimeError(
+                "exec_durable inside a transaction: run its statements with exec() and end it "
+                "with await exec_durable('COMMIT')"
+            )
+        cur = conn.execute(sql, params)
+        rows = cur.fetchall()  # runs the statement to completion, which commits it
+        written = Written(rows, cur.lastrowid, cur.rowcount)
+        await self._db.sync()
+        return written
+
+    async def sync(self) -> None:
+        """Make every earlier write of this actor durable (one fsync for many plain writes)."""
+        await self._db.sync()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises."""
+        conn = self._conn
+        if conn.in_transaction:
+            raise RuntimeError("a transaction is already open")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if conn.in_transaction:  # the block may have ended it with exec_durable("COMMIT")
+            conn.execute("COMMIT")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction

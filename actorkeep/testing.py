@@ -1,0 +1,114 @@
+"""``ak.testing``: run a real host in-process, on the test's trio clock (SPEC §9)."""
+
+from __future__ import annotations
+
+import contextlib
+import json as _json
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import trio
+import trio.testing
+
+from .app import App
+from .clock import Clock
+from .front import Front
+from .host import Host
+from .http import Response, error_response
+from .storage import FileStorage, StorageBackend
+
+
+class TestHost:
+    """A running host plus helpers to reach it as an outside client or as an actor."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, app: App, storage: StorageBackend, options: dict[str, Any]) -> None:
+        self._app = app
+        self._storage = storage
+        self._options = options
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.host: Host
+        self.front: Front
+
+    async def _start(self) -> None:
+        self.host = Host(self._app, self._storage, **self._options)
+        self.front = Front(self.host)
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self.host.open())
+        self._stack = stack
+
+    async def _stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def restart(self) -> None:
+        """Close everything and open again from disk, like a process restart."""
+        await self._stop()
+        await self._start()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """A request from outside, through the same front logic as HTTP."""
+        hdrs = dict(headers or {})
+        if json is not None:
+            body = _json.dumps(json).encode()
+            hdrs.setdefault("content-type", "application/json")
+        if len(body) > self.host.max_body:
+            return error_response(413, "PayloadTooLarge", f"body over {self.host.max_body} bytes")
+        raw_path, _, query = path.partition("?")
+        return await self.front.handle(method, raw_path, query, hdrs.items(), body)
+
+    async def call_as(
+        self,
+        caller: str,
+        address: str,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,
+    ) -> Response:
+        """A call from the actor ``caller`` (which need not exist) to ``address``."""
+        from .address import split_address
+
+        split_address(caller)
+        return await self.host.call(
+            caller, (caller,), address, method, path, body, headers, timeout
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_host(
+    app: App,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    storage: StorageBackend | None = None,
+    clock: Clock | None = None,
+    **host_options: Any,
+) -> AsyncIterator[TestHost]:
+    """Open a host for ``app`` with its files under ``data_dir`` (or on ``storage``)."""
+    if storage is None:
+        if data_dir is None:
+            raise TypeError("open_host needs data_dir or storage")
+        # A worker thread looks like idleness to MockClock's autojump, which would then leap
+        # to the next timer in the middle of every fsync: fsync inline under a MockClock.
+        virtual = isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+        storage = FileStorage(data_dir, in_thread=not virtual)
+    if clock is not None:
+        host_options["clock"] = clock
+    test_host = TestHost(app, storage, host_options)
+    await test_host._start()
+    try:
+        yield test_host
+    finally:
+        await test_host._stop()
