@@ -8,6 +8,7 @@ once per run, to place the anchor; the simulator passes a fixed anchor instead.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -41,5 +42,9 @@ class Clock:
         return self.anchor + trio.current_time()
 
     def trio_time(self, epoch: float) -> float:
-        """The trio deadline at which ``now()`` reaches ``epoch``."""
-        return epoch - self.anchor
+        """The earliest trio time at which ``now()`` is at least ``epoch`` (never early)."""
+        anchor = self.anchor
+        t = epoch - anchor
+        while anchor + t < epoch:  # float rounding: step up to the first time that is not early
+            t = math.nextafter(t, math.inf)
+        return t

@@ -1,0 +1,262 @@
+"""The alarm: set/get/delete, at least once, never early, retries, restarts, the index (SPEC §4)."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import actorkeep as ak
+from actorkeep.storage import Database, FileStorage
+from actorkeep.testing import open_host
+
+app = ak.App()
+fired: list[tuple[str, float, float, int]] = []  # (address, now, scheduled_at, retry_count)
+failures: dict[str, int] = {}  # address -> how many more times alarm() should raise
+
+
+@app.actor("timer")
+class Timer(ak.Actor):
+    again: float | None = None
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
+        if failures.get(self.address, 0) > 0:
+            failures[self.address] -= 1
+            await self.set_alarm(self.now() + 10_000)  # must not suppress the retry
+            raise RuntimeError("alarm handler failed")
+        again = self.again
+        if again:
+            self.again = None
+            await self.set_alarm(self.now() + again)
+
+    @ak.rpc
+    async def set(self, delay: float, again: float | None = None) -> float:
+        at = self.now() + delay
+        self.again = again
+        await self.set_alarm(at)
+        return at
+
+    @ak.rpc
+    async def set_at(self, at: float) -> None:
+        await self.set_alarm(at)
+
+    @ak.rpc
+    async def get(self) -> float | None:
+        return self.get_alarm()
+
+    @ak.rpc
+    async def delete(self) -> None:
+        await self.delete_alarm()
+
+    @ak.rpc
+    async def set_then_fail(self, delay: float) -> None:
+        await self.set_alarm(self.now() + delay)
+        raise RuntimeError("after setting the alarm")
+
+    @ak.rpc
+    async def in_transaction(self) -> str:
+        with self.sql.transaction():
+            try:
+                await self.set_alarm(self.now() + 1)
+            except RuntimeError as exc:
+                return str(exc)
+        return "accepted"
+
+    @ak.rpc
+    async def bad_time(self, at: Any) -> str:
+        try:
+            await self.set_alarm(at)
+        except ValueError as exc:
+            return str(exc)
+        return "accepted"
+
+
+@app.actor("plain")
+class Plain(ak.Actor):
+    @ak.rpc
+    async def try_alarm(self) -> str:
+        try:
+            await self.set_alarm(self.now() + 1)
+        except TypeError as exc:
+            return str(exc)
+        return "accepted"
+
+
+async def rpc(host: ak.testing.TestHost, address: str, method: str, /, **args: Any) -> Any:
+    resp = await host.request("POST", f"/{address}/_rpc/{method}", json=args)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    fired.clear()
+    failures.clear()
+
+
+async def test_set_get_delete(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "timer/a", "get") is None
+        at = await rpc(host, "timer/a", "set", delay=100)
+        assert await rpc(host, "timer/a", "get") == at
+        at2 = await rpc(host, "timer/a", "set", delay=50)  # replaces
+        assert await rpc(host, "timer/a", "get") == at2
+        await rpc(host, "timer/a", "delete")
+        assert await rpc(host, "timer/a", "get") is None
+        await trio.sleep(200)
+        assert fired == []
+        assert await rpc(host, "plain/p", "try_alarm") == "Plain has no alarm() method to call"
+        assert "inside a transaction" in await rpc(host, "timer/a", "in_transaction")
+        for bad in ["soon", None, True]:
+            assert "finite number" in await rpc(host, "timer/a", "bad_time", at=bad)
+
+
+async def test_fires_once_never_early(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        ats = {}
+        for i, delay in enumerate([30.5, 10.25, 20.0]):
+            ats[f"timer/t{i}"] = await rpc(host, f"timer/t{i}", "set", delay=delay)
+        await trio.sleep(100)
+        assert [a for a, *_ in fired] == ["timer/t1", "timer/t2", "timer/t0"]
+        for address, now, scheduled_at, retries in fired:
+            assert scheduled_at == ats[address]
+            assert now >= scheduled_at  # never early
+            assert now - scheduled_at < 1e-6  # and on time under a virtual clock
+            assert retries == 0
+        for address in ats:
+            assert await rpc(host, address, "get") is None  # a fired alarm is gone
+
+
+async def test_handler_can_set_the_next_alarm(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        at = await rpc(host, "timer/a", "set", delay=5, again=7)
+        await trio.sleep(6)
+        assert len(fired) == 1
+        assert await rpc(host, "timer/a", "get") == pytest.approx(at + 7)
+        await trio.sleep(10)
+        assert len(fired) == 2 and fired[1][2] == pytest.approx(at + 7)
+
+
+async def test_retries_back_off_then_drop(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failures["timer/f"] = 100
+    async with open_host(app, data_dir) as host:
+        at = await rpc(host, "timer/f", "set", delay=1)
+        await trio.sleep(1000)
+        # The first run and six retries at 2, 4, 8, 16, 32, 64 s: the alarm the failed
+        # handler set (10,000 s ahead) never suppressed a retry.
+        assert [r for *_, r in fired] == [0, 1, 2, 3, 4, 5, 6]
+        times = [now for _, now, _, _ in fired]
+        gaps = [round(b - a, 6) for a, b in itertools.pairwise(times)]
+        assert gaps == [2, 4, 8, 16, 32, 64]
+        assert all(s == at for _, _, s, _ in fired)
+        assert await rpc(host, "timer/f", "get") is None
+    out = capsys.readouterr()
+    assert "alarm dropped after its last retry" in out.out + out.err
+
+
+async def test_a_retry_survives_restart(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    failures["timer/f"] = 1
+    async with open_host(app, data_dir) as host:
+        at = await rpc(host, "timer/f", "set", delay=10)
+        await trio.sleep(11)
+        assert len(fired) == 1
+        await host.restart()  # during the 2 s backoff
+        await trio.sleep(5)
+        assert [(r, s) for _, _, s, r in fired] == [(0, at), (1, at)]
+        assert fired[1][1] >= at + 2
+        assert await rpc(host, "timer/f", "get") is None
+
+
+async def test_alarm_set_by_a_failed_ordinary_event_stands(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        resp = await host.request("POST", "/timer/a/_rpc/set_then_fail", json={"delay": 5})
+        assert resp.status == 500
+        await trio.sleep(6)
+        assert [a for a, *_ in fired] == ["timer/a"]
+
+
+async def test_overdue_alarms_fire_after_downtime(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        at = await rpc(host, "timer/a", "set", delay=60)
+    await trio.sleep(3600)  # the host is down; virtual time still passes (SPEC §9)
+    assert fired == []
+    async with open_host(app, data_dir) as host:
+        await trio.sleep(0.001)
+        assert len(fired) == 1
+        address, now, scheduled_at, _ = fired[0]
+        assert (address, scheduled_at) == ("timer/a", at)
+        assert now >= at + 3600 - 60
+
+
+async def test_alarm_wakes_an_evicted_actor(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir, idle_timeout=5) as host:
+        await rpc(host, "timer/a", "set", delay=100)
+        await trio.sleep(10)
+        assert host.host.active_count == 0
+        await trio.sleep(100)
+        assert [a for a, *_ in fired] == ["timer/a"]
+
+
+class CountingStorage(FileStorage):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, in_thread=False)
+        self.opened: list[str] = []
+
+    def open_actor(self, class_name: str, name: str) -> Database:
+        self.opened.append(f"{class_name}/{name}")
+        return super().open_actor(class_name, name)
+
+
+async def test_restart_opens_only_actors_with_due_alarms(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        for i in range(200):
+            await rpc(host, f"timer/far{i}", "set", delay=1_000_000)
+        await rpc(host, "timer/soon", "set", delay=30)
+    storage = CountingStorage(data_dir)
+    async with open_host(app, storage=storage) as host:
+        await trio.sleep(60)
+        assert [a for a, *_ in fired] == ["timer/soon"]
+        assert storage.opened == ["timer/soon"]
+
+
+async def test_index_entries_are_healed_and_stale_ones_dropped(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await rpc(host, "timer/lost", "set", delay=50)  # its index entry will be lost
+        await rpc(host, "timer/stale", "set", delay=50)
+        await rpc(host, "timer/stale", "delete")
+    index = data_dir / "host" / "host.sqlite"
+    with sqlite3.connect(index) as conn:
+        conn.execute("DELETE FROM alarms WHERE address = 'timer/lost'")
+        conn.execute("INSERT INTO alarms VALUES ('timer/stale', 0)")  # as if a crash kept it
+    async with open_host(app, data_dir) as host:
+        await trio.sleep(100)
+        assert fired == []  # the stale entry fired nothing
+        await rpc(host, "timer/lost", "get")  # opening the actor restores its index entry
+        await trio.sleep(1)
+        assert [a for a, *_ in fired] == ["timer/lost"]
+    with sqlite3.connect(index) as conn:
+        assert conn.execute("SELECT count(*) FROM alarms").fetchone()[0] == 0

@@ -1,0 +1,233 @@
+"""Calls between actors: caller header, refs, errors, re-entry, timeouts (SPEC §5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import actorkeep as ak
+from actorkeep.testing import open_host
+
+app = ak.App()
+effects: list[str] = []
+
+
+@app.actor("svc")
+class Service(ak.Actor):
+    @ak.rpc
+    async def whoami(self) -> dict[str, Any]:
+        return {"me": self.address}
+
+    @ak.route("GET", "/caller")
+    async def caller(self, req: ak.Request) -> ak.Response:
+        return ak.Response.json(
+            {
+                "caller": req.caller,
+                "header": req.headers.get("x-actorkeep-caller"),
+                "custom": req.headers.get("x-custom"),
+                "other": req.headers.get("x-actorkeep-evil"),
+            }
+        )
+
+    @ak.rpc
+    async def fail(self) -> None:
+        raise ZeroDivisionError("nope")
+
+    @ak.rpc
+    async def slow(self, seconds: float) -> str:
+        await trio.sleep(seconds)
+        effects.append(f"slow done {self.address}")
+        return "done"
+
+    @ak.rpc
+    async def mutate(self, items: list[int]) -> list[int]:
+        items.append(99)
+        return items
+
+    @ak.rpc
+    async def whose_event(self) -> str:
+        return ak.current_actor().address
+
+
+@app.actor("client")
+class Client(ak.Actor):
+    @ak.rpc
+    async def via_call(self, target: str, path: str) -> dict[str, Any]:
+        resp = await self.actors.call(
+            target,
+            "GET",
+            path,
+            headers={"x-custom": "1", "X-Actorkeep-Caller": "forged/x", "x-actorkeep-evil": "y"},
+        )
+        return {"status": resp.status, "body": resp.json()}
+
+    @ak.rpc
+    async def via_ref(self, target: str, method: str, **args: Any) -> Any:
+        return await getattr(self.actors.ref(target), method)(**args)
+
+    @ak.rpc
+    async def error_of(self, target: str, method: str, **args: Any) -> list[Any]:
+        try:
+            await getattr(self.actors.ref(target), method)(**args)
+        except ak.RemoteError as exc:
+            return [
+                type(exc).__name__,
+                exc.status,
+                exc.error,
+                exc.message,
+                isinstance(exc, ValueError),
+            ]
+        return ["no error"]
+
+    @ak.rpc
+    async def call_back(self, target: str) -> Any:
+        """Ask ``target`` to call us back: the call back re-enters this actor."""
+        return await self.actors.ref(target).relay(target=self.address)
+
+    @ak.rpc
+    async def relay(self, target: str) -> Any:
+        return await self.actors.ref(target).whoami()
+
+    @ak.rpc
+    async def call_self(self) -> list[Any]:
+        t0 = trio.current_time()
+        try:
+            await self.actors.call(self.address, "POST", "/_rpc/whoami")
+        except ak.ReentryError as exc:
+            return [exc.status, trio.current_time() - t0, "call chain" in str(exc)]
+        return ["no error"]
+
+    @ak.rpc
+    async def timeout_of(self, target: str, seconds: float, timeout: float) -> list[Any]:
+        t0 = trio.current_time()
+        try:
+            await self.actors.ref(target, timeout=timeout).slow(seconds=seconds)
+        except ak.CallTimeout:
+            return ["timeout", trio.current_time() - t0]
+        return ["answered", trio.current_time() - t0]
+
+    @ak.rpc
+    async def bad_address(self) -> list[str]:
+        out = []
+        for address in ["svc", "svc/.x", "Svc/a", "svc/a b"]:
+            try:
+                await self.actors.call(address, "GET", "/")
+            except ValueError:
+                out.append("ValueError")
+        return out
+
+    @ak.rpc
+    async def not_found(self) -> list[int]:
+        a = await self.actors.call("nosuch/a", "GET", "/")
+        b = await self.actors.call("svc/a", "GET", "/nowhere")
+        return [a.status, b.status]
+
+    @ak.rpc
+    async def isolation(self) -> list[Any]:
+        mine = [1, 2]
+        theirs = await self.actors.ref("svc/a").mutate(items=mine)
+        return [mine, theirs]
+
+    @ak.rpc
+    async def context_inside(self) -> list[str]:
+        return [ak.current_actor().address, await self.actors.ref("svc/a").whose_event()]
+
+
+async def rpc(host: ak.testing.TestHost, address: str, method: str, /, **args: Any) -> Any:
+    resp = await host.request("POST", f"/{address}/_rpc/{method}", json=args)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+async def test_caller_header_is_set_by_the_host(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        out = await rpc(host, "client/c1", "via_call", target="svc/a", path="/caller")
+        assert out == {
+            "status": 200,
+            "body": {"caller": "client/c1", "header": "client/c1", "custom": "1", "other": None},
+        }
+        resp = await host.call_as("tester/t", "svc/a", "GET", "/caller")
+        assert resp.json()["caller"] == "tester/t"
+
+
+async def test_ref_calls_and_remote_errors(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "client/c", "via_ref", target="svc/a", method="whoami") == {
+            "me": "svc/a"
+        }
+        assert await rpc(host, "client/c", "error_of", target="svc/a", method="fail") == [
+            "RemoteError",
+            500,
+            "ZeroDivisionError",
+            "nope",
+            False,
+        ]
+        assert await rpc(host, "client/c", "error_of", target="svc/a", method="nosuch") == [
+            "RemoteError",
+            404,
+            "NotFound",
+            "svc has no route POST /_rpc/nosuch",
+            False,
+        ]
+        err = await rpc(host, "client/c", "error_of", target="svc/a", method="slow", wrong=1)
+        assert err[:3] == ["BadRequest", 400, "BadRequest"] and err[4] is True
+        assert await rpc(host, "client/c", "bad_address") == ["ValueError"] * 4
+        assert await rpc(host, "client/c", "not_found") == [404, 404]
+        # Values are copied across the call: the callee cannot change the caller's objects.
+        assert await rpc(host, "client/c", "isolation") == [[1, 2], [1, 2, 99]]
+
+
+async def test_reentry_is_refused_at_once(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "client/c", "call_self") == [508, 0, True]
+        # client/a -> client/b -> client/a: refused, b's event fails, a sees a RemoteError.
+        resp = await host.request("POST", "/client/a/_rpc/call_back", json={"target": "client/b"})
+        assert resp.status == 500
+        assert resp.json()["error"] == "RemoteError"  # a's own failure, caused by b's
+        assert "508 ReentryError: client/a is already in the call chain" in resp.json()["message"]
+        assert trio.current_time() < 1  # at once, not after a timeout
+        # call_as behaves like self.actors.call: a re-entry raises.
+        with pytest.raises(ak.ReentryError) as info:
+            await host.call_as("client/x", "client/x", "POST", "/_rpc/whoami")
+        assert info.value.status == 508
+
+
+async def test_timeout_leaves_the_callee_running(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    effects.clear()
+    async with open_host(app, data_dir) as host:
+        out = await rpc(host, "client/c", "timeout_of", target="svc/s", seconds=10, timeout=2)
+        assert out == ["timeout", 2]
+        assert effects == []
+        await trio.sleep(9)
+        assert effects == ["slow done svc/s"]  # the callee's event kept running
+        out = await rpc(host, "client/c", "timeout_of", target="svc/s", seconds=1, timeout=2)
+        assert out == ["answered", 1]
+
+
+async def test_call_as_timeout(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(app, data_dir) as host:
+        with pytest.raises(ak.CallTimeout):
+            await host.call_as(
+                "tester/t", "svc/s", "POST", "/_rpc/slow", b'{"seconds": 5}', timeout=1
+            )
+
+
+async def test_current_actor_context_variable(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "client/c", "context_inside") == ["client/c", "svc/a"]
+    with pytest.raises(RuntimeError, match="no actor event"):
+        ak.current_actor()

@@ -1,0 +1,208 @@
+"""Storage: exec, exec_durable, sync, transactions, SQLAlchemy, files (SPEC §3)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+import trio
+import trio.testing
+
+import actorkeep as ak
+from actorkeep.address import actor_path
+from actorkeep.storage import FileStorage
+from actorkeep.testing import open_host
+
+from .conftest import sqlite_files
+
+app = ak.App()
+
+
+@app.actor("store")
+class Store(ak.Actor):
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)")
+
+    @ak.rpc
+    async def plain(self, k: str, v: int) -> None:
+        self.sql.exec("INSERT OR REPLACE INTO t VALUES (?, ?)", (k, v))
+
+    @ak.rpc
+    async def durable(self, k: str, v: int) -> list[Any]:
+        w = await self.sql.exec_durable(
+            "INSERT OR REPLACE INTO t VALUES (?, ?) RETURNING k, v", (k, v)
+        )
+        return [w.rows, w.rowcount, w.fetchone()]
+
+    @ak.rpc
+    async def durable_tx(self, n: int) -> None:
+        with self.sql.transaction():
+            for i in range(n):
+                self.sql.exec("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"tx{i}", i))
+            await self.sql.exec_durable("COMMIT")
+
+    @ak.rpc
+    async def durable_inside_tx(self) -> str:
+        with self.sql.transaction():
+            try:
+                await self.sql.exec_durable("INSERT INTO t VALUES ('no', 1)")
+            except RuntimeError as exc:
+                return str(exc)
+        return "accepted"
+
+    @ak.rpc
+    async def sync_many(self, n: int) -> None:
+        for i in range(n):
+            self.sql.exec("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"s{i}", i))
+        await self.sql.sync()
+
+    @ak.rpc
+    async def tx_rollback(self) -> int:
+        try:
+            with self.sql.transaction():
+                self.sql.exec("INSERT INTO t VALUES ('rolled', 1)")
+                raise LookupError
+        except LookupError:
+            pass
+        return int(self.sql.exec("SELECT count(*) FROM t WHERE k = 'rolled'").fetchone()[0])
+
+    @ak.rpc
+    async def nested(self) -> str:
+        with self.sql.transaction():
+            try:
+                with self.sql.transaction():
+                    pass
+            except RuntimeError as exc:
+                return str(exc)
+        return "nested"
+
+    @ak.rpc
+    async def get(self, k: str) -> int | None:
+        row = self.sql.exec("SELECT v FROM t WHERE k = ?", (k,)).fetchone()
+        return None if row is None else int(row[0])
+
+    @ak.rpc
+    async def with_sqlalchemy(self, k: str, v: int) -> list[Any]:
+        t = sqlalchemy.table("t", sqlalchemy.column("k"), sqlalchemy.column("v"))
+        self.db.execute(sqlalchemy.insert(t).values(k=k, v=v))
+        rows = self.db.execute(sqlalchemy.select(t.c.k, t.c.v).where(t.c.k == k)).all()
+        # Same connection: what SQLAlchemy wrote, plain sql sees at once, and vice versa.
+        seen = self.sql.exec("SELECT v FROM t WHERE k = ?", (k,)).fetchone()[0]
+        return [[list(r) for r in rows], seen]
+
+    @ak.rpc
+    async def pragmas(self) -> list[Any]:
+        return [
+            self.sql.exec("PRAGMA journal_mode").fetchone()[0],
+            self.sql.exec("PRAGMA synchronous").fetchone()[0],
+        ]
+
+
+async def rpc(host: ak.testing.TestHost, address: str, method: str, /, **args: Any) -> Any:
+    resp = await host.request("POST", f"/{address}/_rpc/{method}", json=args)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+async def test_plain_and_durable_writes_survive_restart(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await rpc(host, "store/a", "plain", k="p", v=1)
+        assert await rpc(host, "store/a", "durable", k="d", v=2) == [[["d", 2]], 1, ["d", 2]]
+        await rpc(host, "store/a", "durable_tx", n=3)
+        await rpc(host, "store/a", "sync_many", n=3)
+        await host.restart()
+        for k, v in [("p", 1), ("d", 2), ("tx2", 2), ("s2", 2)]:
+            assert await rpc(host, "store/a", "get", k=k) == v
+
+
+async def test_transaction_rules(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "store/a", "tx_rollback") == 0
+        assert "already open" in await rpc(host, "store/a", "nested")
+        msg = await rpc(host, "store/a", "durable_inside_tx")
+        assert "exec_durable('COMMIT')" in msg
+        assert await rpc(host, "store/a", "get", k="no") is None
+
+
+async def test_sqlalchemy_connection_shares_the_database(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "store/a", "with_sqlalchemy", k="sa", v=7) == [[["sa", 7]], 7]
+        await host.restart()
+        assert await rpc(host, "store/a", "get", k="sa") == 7
+
+
+async def test_files_wal_and_layout(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "store/Mixed:Case", "pragmas") == ["wal", 1]  # 1 = NORMAL
+        await rpc(host, "store/mixed:case", "plain", k="x", v=1)
+    files = sqlite_files(data_dir)
+    assert files == sorted(
+        [
+            actor_path(data_dir / "actors", "store", "Mixed:Case"),
+            actor_path(data_dir / "actors", "store", "mixed:case"),
+        ]
+    )
+    assert all(f.resolve().is_relative_to(data_dir.resolve()) for f in files)
+    with sqlite3.connect(files[0]) as conn:  # a plain SQLite file anyone can open
+        conn.execute("SELECT count(*) FROM t").fetchone()
+
+
+async def test_durable_write_does_not_stall_other_actors(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fsync of a durable write runs in a worker thread, so the event loop keeps going."""
+    fsync_started = threading.Event()
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            fsync_started.set()
+            release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    async with open_host(app, storage=FileStorage(data_dir, in_thread=True)) as host:
+        await rpc(host, "store/other", "plain", k="warm", v=0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(rpc, host, "store/writer", "durable", k="k", v=1))
+            await trio.to_thread.run_sync(fsync_started.wait, 10)
+            # The durable write is blocked inside fsync; another actor still answers.
+            t0 = time.monotonic()
+            for i in range(20):
+                await rpc(host, "store/other", "plain", k=f"k{i}", v=i)
+            assert time.monotonic() - t0 < 5
+            release.set()
+        assert await rpc(host, "store/writer", "get", k="k") == 1
+
+
+async def test_plain_fsync_mode_runs_inline(data_dir: Path) -> None:
+    """Under a virtual clock (and in simulation) storage must not use threads."""
+    storage = FileStorage(data_dir, in_thread=False)
+    db = storage.open_actor("store", "x")
+    db.conn.execute("CREATE TABLE t (x)")
+    calls: list[str] = []
+    original = trio.to_thread.run_sync
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append("thread")
+        return await original(*args, **kwargs)
+
+    trio.to_thread.run_sync = spy  # type: ignore[assignment]
+    try:
+        await db.sync()
+    finally:
+        trio.to_thread.run_sync = original
+    db.close()
+    assert calls == []
