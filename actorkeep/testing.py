@@ -20,29 +20,50 @@ from .storage import FileStorage, StorageBackend
 
 
 class TestHost:
-    """A running host plus helpers to reach it as an outside client or as an actor."""
+    """A running host plus helpers to reach it as an outside client or as an actor.
+
+    The host runs in a task of a nursery owned by ``open_host``, so ``restart()`` stops that
+    task and starts a fresh one: nurseries stay properly nested however many hosts are open.
+    """
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, app: App, storage: StorageBackend, options: dict[str, Any]) -> None:
+    def __init__(
+        self, app: App, storage: StorageBackend, options: dict[str, Any], nursery: trio.Nursery
+    ) -> None:
         self._app = app
         self._storage = storage
         self._options = options
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._nursery = nursery
+        self._stop_requested = trio.Event()
+        self._stopped = trio.Event()
         self.host: Host
         self.front: Front
 
     async def _start(self) -> None:
         self.host = Host(self._app, self._storage, **self._options)
         self.front = Front(self.host)
-        stack = contextlib.AsyncExitStack()
-        await stack.enter_async_context(self.host.open())
-        self._stack = stack
+        self._stop_requested = trio.Event()
+        self._stopped = trio.Event()
+        await self._nursery.start(self._run, self.host, self._stop_requested, self._stopped)
+
+    @staticmethod
+    async def _run(
+        host: Host,
+        stop_requested: trio.Event,
+        stopped: trio.Event,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            async with host.open():
+                task_status.started()
+                await stop_requested.wait()
+        finally:
+            stopped.set()
 
     async def _stop(self) -> None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.aclose()
+        self._stop_requested.set()
+        await self._stopped.wait()
 
     async def restart(self) -> None:
         """Close everything and open again from disk, like a process restart."""
@@ -106,9 +127,10 @@ async def open_host(
         storage = FileStorage(data_dir, in_thread=not virtual)
     if clock is not None:
         host_options["clock"] = clock
-    test_host = TestHost(app, storage, host_options)
-    await test_host._start()
-    try:
-        yield test_host
-    finally:
-        await test_host._stop()
+    async with trio.open_nursery() as nursery:
+        test_host = TestHost(app, storage, host_options, nursery)
+        await test_host._start()
+        try:
+            yield test_host
+        finally:
+            await test_host._stop()
