@@ -18,6 +18,10 @@ $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.run-deps
 
 run: $(VENV)/.run-deps
+	@echo "Serving examples/counter on http://127.0.0.1:8080 (data in ./data). Try, in another shell:"
+	@echo "  curl -X POST http://127.0.0.1:8080/counter/a/_rpc/incr -H 'content-type: application/json' -d '{\"by\": 2}'"
+	@echo "  curl http://127.0.0.1:8080/counter/a/"
+	@echo "Stop with Ctrl-C."
 	$(BIN)/actorkeep serve examples.counter.app:app --data ./data --host 127.0.0.1 --port 8080
 
 lint: $(VENV)/.test-deps

@@ -146,13 +146,22 @@ def main(argv: list[str] | None = None) -> None:
     app = load_app(args.app)
     access = parse_access(args.access)
     data = Path(args.data).resolve()
-    data.mkdir(parents=True, exist_ok=True)
-    _raise_open_file_limit()
     try:
-        Host(app, FileStorage(data), access=access)  # validate options before binding
+        Host(app, FileStorage(data), access=access)  # validate options before touching disk
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
-    trio.run(serve, app, args.app, data, args.host, args.port, access)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"actorkeep: cannot use {str(data)!r} as the data directory: {exc}"
+        ) from None
+    _raise_open_file_limit()
+    try:
+        trio.run(serve, app, args.app, data, args.host, args.port, access)
+    except* OSError as group:
+        first = group.exceptions[0]
+        raise SystemExit(f"actorkeep: cannot serve on {args.host}:{args.port}: {first}") from None
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 
 from . import codec
 from .actor import Actor, AlarmInfo
-from .address import split_address
+from .address import check_actor_name, split_address
 from .alarms import ACTOR_TABLE, MAX_RETRIES, AlarmIndex, AlarmState, retry_delay
 from .app import ActorClass, App
 from .calls import ActorsClient
@@ -379,7 +379,7 @@ class Host:
         chain: tuple[str, ...],
         timeout: float | None,
     ) -> Response:
-        """Route a request to an actor and wait for its reply.
+        """Route a request to the actor ``class_name/name`` and wait for its reply.
 
         Everything that refuses a request (unknown class or route, access, size, a body that
         does not decode) happens here, before the actor is created.
@@ -421,6 +421,7 @@ class Host:
         if act is not None:
             self._activations.move_to_end(address)
             return act
+        check_actor_name(name)  # the one place a file can come into being: never trust callers
         act = Activation(self, spec, address, name)
         self._activations[address] = act
         self._nursery.start_soon(self._worker, act, name=f"actor {address}")
@@ -477,6 +478,9 @@ class Host:
                         await self._run_alarm(act)
                     else:
                         self._reply(ev, await self._run(act, ev))
+                except BaseException:  # cancelled: the host is closing; answer the caller
+                    self._reply(ev, outcome.Error(HostClosed(f"{act.address} was shut down")))
+                    raise
                 finally:
                     act.current = None
                     act.last_used = now = trio.current_time()
@@ -491,8 +495,6 @@ class Host:
         if self._activations.get(act.address) is act:
             del self._activations[act.address]
         error = outcome.Error(HostClosed(f"{act.address} was shut down"))
-        if act.current is not None:
-            self._reply(act.current, error)
         while act.queue:
             self._reply(act.queue.popleft(), error)
         act.close()

@@ -343,3 +343,27 @@ async def test_health(data_dir: Path, autojump_clock: trio.testing.MockClock) ->
     async with open_host(app, data_dir) as host:
         resp = await host.request("GET", "/_actorkeep/health")
         assert resp.status == 200 and resp.json()["status"] == "ok"
+
+
+async def test_closing_host_answers_running_and_waiting_events(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        statuses: list[int] = []
+
+        async def slow(tag: str) -> None:
+            resp = await host.request(
+                "POST", "/echo/a/_rpc/step", json={"tag": tag, "pause": 100.0}
+            )
+            statuses.append(resp.status)
+            assert resp.json()["error"] == "HostClosed"
+
+        with trio.fail_after(50):  # without the fix the callers would wait forever
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow, "running")
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(slow, "waiting")
+                await trio.testing.wait_all_tasks_blocked()
+                await host.restart()
+        assert statuses == [503, 503]
+        assert trio.current_time() < 100

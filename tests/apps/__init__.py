@@ -1,0 +1,1 @@
+"""Small apps that tests/test_process.py serves in real host processes."""
