@@ -381,8 +381,9 @@ class Host:
     ) -> Response:
         """Route a request to the actor ``class_name/name`` and wait for its reply.
 
-        Everything that refuses a request (unknown class or route, access, size, a body that
-        does not decode) happens here, before the actor is created.
+        Everything that refuses a request (unknown class or route, access, a body that does not
+        decode) happens here, before the actor is created. ``max_body`` is the front's limit on
+        outside requests; calls between actors carry what the callee itself accepts.
         """
         spec = self.classes.get(class_name)
         if spec is None:
@@ -390,8 +391,6 @@ class Host:
         refused = self.refusal(spec, request.caller)
         if refused is not None:
             return refused
-        if len(request.body) > self.max_body:
-            return error_response(413, "PayloadTooLarge", f"body over {self.max_body} bytes")
         router = spec.router
         rpc = router.rpc_for(request.method, request.path)
         if rpc is not None:

@@ -15,7 +15,7 @@ from .app import App
 from .clock import Clock
 from .front import Front
 from .host import Host
-from .http import Response, error_response
+from .http import Response
 from .storage import FileStorage, StorageBackend
 
 
@@ -84,8 +84,6 @@ class TestHost:
         if json is not None:
             body = _json.dumps(json).encode()
             hdrs.setdefault("content-type", "application/json")
-        if len(body) > self.host.max_body:
-            return error_response(413, "PayloadTooLarge", f"body over {self.host.max_body} bytes")
         raw_path, _, query = path.partition("?")
         return await self.front.handle(method, raw_path, query, hdrs.items(), body)
 
