@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,6 +49,11 @@ class Actor:
     def now(self) -> float:
         """The host clock in epoch seconds. Use it, not ``time.time()``."""
         return self._ak.host.clock.now()
+
+    @property
+    def rng(self) -> random.Random:
+        """The host's random number generator (the simulator seeds it). Use it, not ``random``."""
+        return self._ak.host.rng
 
     @property
     def db(self) -> sqlalchemy.Connection:

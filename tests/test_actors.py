@@ -38,6 +38,10 @@ class Echo(ak.Actor):
         }
 
     @ak.rpc
+    async def draw(self) -> float:
+        return self.rng.random()
+
+    @ak.rpc
     async def add(self, a: int, b: int = 0) -> int:
         return a + b
 
@@ -367,3 +371,15 @@ async def test_closing_host_answers_running_and_waiting_events(
                 await host.restart()
         assert statuses == [503, 503]
         assert trio.current_time() < 100
+
+
+async def test_rng_is_the_hosts_injected_one(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    import random
+
+    draws = []
+    for _ in range(2):
+        async with open_host(app, data_dir, rng=random.Random(7)) as host:
+            draws.append([await rpc(host, "echo/a", "draw") for _ in range(3)])
+    assert draws[0] == draws[1] == [random.Random(7).random() for _ in range(1)] + draws[0][1:]
