@@ -382,4 +382,6 @@ async def test_rng_is_the_hosts_injected_one(
     for _ in range(2):
         async with open_host(app, data_dir, rng=random.Random(7)) as host:
             draws.append([await rpc(host, "echo/a", "draw") for _ in range(3)])
-    assert draws[0] == draws[1] == [random.Random(7).random() for _ in range(1)] + draws[0][1:]
+    seeded = random.Random(7)
+    expected = [seeded.random() for _ in range(3)]
+    assert draws == [expected, expected]
