@@ -1,0 +1,293 @@
+"""``ak.kv``: the client of the KV shards (SPEC §7, record 0015).
+
+Use it inside an actor's event: it calls the shards through the actor whose event is running.
+
+    kv = ak.kv.Client("kv", shards=16)
+    version = await kv.put("settings/theme", b"dark")
+    entry = await kv.get("settings/theme")
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from . import codec
+from .address import check_class_name
+from .calls import decode_reply
+from .errors import RemoteError
+from .host import current_actor
+from .kv_wire import (
+    PREFIX,
+    WIRE_ABSENT,
+    check_key,
+    check_limit,
+    check_ttl,
+    check_value,
+)
+
+__all__ = [
+    "ABSENT",
+    "ANY",
+    "Client",
+    "Conflict",
+    "Entry",
+    "Page",
+    "PutOptions",
+    "shard_for",
+]
+
+_FNV_OFFSET: Final = 0xCBF29CE484222325
+_FNV_PRIME: Final = 0x100000001B3
+_MASK: Final = (1 << 64) - 1
+_HEADERS: Final = {"content-type": codec.MSGPACK}
+_CACHE_ATTR: Final = "_actorkeep_kv_cache"
+_CACHE_MAX_ENTRIES: Final = 10_000
+
+
+class _Expectation:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"ak.kv.{self._name}"
+
+
+#: Expect nothing: the write happens whatever the key holds.
+ANY: Final = _Expectation("ANY")
+#: Expect the key to be absent (or expired).
+ABSENT: Final = _Expectation("ABSENT")
+
+Expect = _Expectation | int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A live key: its value, its version, and when it expires (epoch seconds) or None."""
+
+    key: bytes
+    value: bytes
+    version: int
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Entries in key byte order. ``cursor`` is the ``after`` of the next page; None at the end."""
+
+    entries: list[Entry]
+    cursor: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class PutOptions:
+    """``expect``: ANY, ABSENT or a version; ``ttl`` in seconds; ``local``: skip the fsync."""
+
+    expect: Expect = ANY
+    ttl: float | None = None
+    local: bool = False
+
+
+class Conflict(RemoteError):
+    """409: the expectation failed and nothing was written. ``current_version`` is the live
+    version of the key, or None if it is absent."""
+
+    def __init__(self, message: str, current_version: int | None) -> None:
+        super().__init__(409, "Conflict", message)
+        self.current_version = current_version
+
+
+def shard_for(key: bytes | str, n: int) -> int:
+    """The shard of ``key``: FNV-1a 64-bit of the key bytes, mod ``n``."""
+    data = key.encode() if isinstance(key, str) else key
+    h = _FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK
+    return h % n
+
+
+def _wire_expect(expect: object) -> int | None:
+    if expect is ANY:
+        return None
+    if expect is ABSENT:
+        return WIRE_ABSENT
+    if isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
+        raise ValueError(
+            f"expect must be ak.kv.ANY, ak.kv.ABSENT or a version >= 1, not {expect!r}"
+        )
+    return expect
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+class Client:
+    """Reads and writes keys spread over ``shards`` actors ``<class_name>/shard-<i>``.
+
+    ``read_cache``: keep what this actor instance read for up to that many seconds (None: no
+    cache). Reads of other actors' writes may then be that stale; this actor's own writes
+    through the client update the cache. The cache is lost with the instance.
+    """
+
+    def __init__(
+        self, class_name: str = "kv", shards: int = 16, read_cache: float | None = None
+    ) -> None:
+        check_class_name(class_name)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive int, not {shards!r}")
+        if read_cache is not None and not (read_cache > 0):
+            raise ValueError("read_cache must be a positive number of seconds or None")
+        self.class_name = class_name
+        self.shards = shards
+        self.read_cache = read_cache
+        self._addresses = [f"{class_name}/shard-{i}" for i in range(shards)]
+
+    def address_of(self, key: bytes | str) -> str:
+        """The shard actor that holds ``key``."""
+        return self._addresses[shard_for(check_key(key), self.shards)]
+
+    # -- reads ----------------------------------------------------------------------------
+    async def get(self, key: bytes | str) -> Entry | None:
+        """The live entry of ``key``, or None. May come from the read cache."""
+        k = check_key(key)
+        if self.read_cache is not None:
+            cache = self._cache()
+            hit = cache.get(k)
+            if hit is not None:
+                entry, fetched_at = hit
+                now = current_actor().now()
+                if now - fetched_at <= self.read_cache:
+                    if (
+                        entry is not None
+                        and entry.expires_at is not None
+                        and entry.expires_at <= now
+                    ):
+                        return None
+                    return entry
+        return await self._get(k)
+
+    async def get_fresh(self, key: bytes | str) -> Entry | None:
+        """The live entry of ``key`` from its shard, bypassing (and refreshing) the read cache."""
+        return await self._get(check_key(key))
+
+    async def _get(self, k: bytes) -> Entry | None:
+        reply = await self._call(k, "get", {"k": k})
+        found = reply["e"]
+        entry = None if found is None else Entry(k, found[0], found[1], _seconds(found[2]))
+        self._remember(k, entry)
+        return entry
+
+    async def list(
+        self, prefix: bytes | str = b"", after: bytes | str | None = None, limit: int = 100
+    ) -> Page:
+        """Live entries whose key starts with ``prefix`` and is greater than ``after``.
+
+        Asks every shard and merges in key byte order. A short page is not the end; only
+        ``cursor is None`` is.
+        """
+        frame = {
+            "p": check_key(prefix, "prefix"),
+            "a": None if after is None else check_key(after, "after"),
+            "n": check_limit(limit),
+        }
+        replies: list[dict[str, Any]] = [{} for _ in self._addresses]
+
+        async def ask(i: int) -> None:
+            replies[i] = await self._call_shard(self._addresses[i], "list", frame)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(self.shards):
+                nursery.start_soon(ask, i)
+        rows = [row for reply in replies for row in reply["e"]]
+        rows.sort(key=lambda row: row[0])
+        more = len(rows) > limit or any(reply["more"] for reply in replies)
+        entries = [Entry(r[0], r[1], r[2], _seconds(r[3])) for r in rows[:limit]]
+        return Page(entries, entries[-1].key if more and entries else None)
+
+    # -- writes ---------------------------------------------------------------------------
+    async def put(
+        self, key: bytes | str, value: bytes, ttl: float | None = None, local: bool = False
+    ) -> int:
+        """Write ``value`` and return its new version. Durable unless ``local``."""
+        return await self.put_with(key, value, PutOptions(ANY, ttl, local))
+
+    async def put_with(self, key: bytes | str, value: bytes, options: PutOptions) -> int:
+        """Write with an expectation; ``Conflict`` if it fails (nothing is written)."""
+        k = check_key(key)
+        v = check_value(value)
+        frame = {
+            "k": k,
+            "v": v,
+            "x": _wire_expect(options.expect),
+            "t": check_ttl(options.ttl),
+            "l": bool(options.local),
+        }
+        try:
+            reply = await self._call(k, "put", frame)
+        except Conflict:
+            self._forget(k)
+            raise
+        version: int = reply["ver"]
+        self._remember(k, Entry(k, v, version, _seconds(reply["exp"])))
+        return version
+
+    async def compare_and_set(self, key: bytes | str, expect: Expect, value: bytes) -> int:
+        """Write only if the key is as ``expect`` says (ANY, ABSENT or a version)."""
+        return await self.put_with(key, value, PutOptions(expect=expect))
+
+    async def delete(self, key: bytes | str) -> bool:
+        """Delete ``key``; True if a live key was deleted. Durable when it returns."""
+        return await self.delete_if(key, ANY)
+
+    async def delete_if(self, key: bytes | str, expect: Expect) -> bool:
+        """Delete ``key`` if it is as ``expect`` says, else ``Conflict``."""
+        k = check_key(key)
+        try:
+            reply = await self._call(k, "delete", {"k": k, "x": _wire_expect(expect)})
+        except Conflict:
+            self._forget(k)
+            raise
+        self._remember(k, None)
+        deleted: bool = reply["deleted"]
+        return deleted
+
+    # -- plumbing -------------------------------------------------------------------------
+    async def _call(self, key: bytes, op: str, frame: dict[str, Any]) -> dict[str, Any]:
+        return await self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
+
+    async def _call_shard(self, address: str, op: str, frame: dict[str, Any]) -> dict[str, Any]:
+        actor = current_actor()
+        resp = await actor.actors.call(address, "POST", PREFIX + op, codec.pack(frame), _HEADERS)
+        if resp.status == 409:
+            err = resp.json()
+            raise Conflict(str(err["message"]), err["current_version"])
+        reply: dict[str, Any] = decode_reply(resp)
+        return reply
+
+    def _cache(self) -> OrderedDict[bytes, tuple[Entry | None, float]]:
+        caches: dict[str, OrderedDict[bytes, tuple[Entry | None, float]]] = (
+            current_actor().__dict__.setdefault(_CACHE_ATTR, {})
+        )
+        cache = caches.get(self.class_name)
+        if cache is None:
+            cache = caches[self.class_name] = OrderedDict()
+        return cache
+
+    def _remember(self, key: bytes, entry: Entry | None) -> None:
+        if self.read_cache is None:
+            return
+        cache = self._cache()
+        cache[key] = (entry, current_actor().now())
+        cache.move_to_end(key)
+        if len(cache) > _CACHE_MAX_ENTRIES:
+            cache.popitem(last=False)
+
+    def _forget(self, key: bytes) -> None:
+        if self.read_cache is not None:
+            self._cache().pop(key, None)

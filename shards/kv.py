@@ -1,0 +1,200 @@
+"""``KVShard``: one shard of a key-value store, mounted with ``app.mount(KVShard, "kv")``.
+
+Keys are spread over ``kv/shard-0 .. kv/shard-<n-1>`` by ``actorkeep.kv.shard_for``. A shard
+answers only other actors (``callers_only``), one event at a time, so an expectation is checked
+and the write made with nothing in between. See docs/kv.md and docs/decisions/0007-kv.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import actorkeep as ak
+from actorkeep import codec
+from actorkeep.http import error_response
+from actorkeep.kv_wire import MAX_LIMIT, PREFIX, WIRE_ABSENT, decode_frame
+
+#: Versions are reserved durably in blocks, so that no version is ever handed out twice, even
+#: when a local write and the counter's update are lost to power loss.
+VERSION_BLOCK = 1000
+#: Expired rows deleted by one alarm event.
+EXPIRY_BATCH = 500
+
+_MSGPACK = {"content-type": codec.MSGPACK}
+
+
+def _reply(obj: Any) -> ak.Response:
+    return ak.Response(200, _MSGPACK, codec.pack(obj))
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key that starts with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class KVShard(ak.Actor):
+    """One shard: ``actorkeep_kv`` rows and the ``actorkeep_kv_meta`` version counter."""
+
+    callers_only: ClassVar[bool] = True
+
+    async def setup(self) -> None:
+        sql = self.sql
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS actorkeep_kv (key BLOB PRIMARY KEY, value BLOB NOT NULL, "
+            "version INTEGER NOT NULL, expires_at INTEGER) WITHOUT ROWID"
+        )
+        sql.exec(
+            "CREATE INDEX IF NOT EXISTS actorkeep_kv_expiry ON actorkeep_kv (expires_at) "
+            "WHERE expires_at IS NOT NULL"
+        )
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS actorkeep_kv_meta "
+            "(id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL)"
+        )
+        sql.exec("INSERT OR IGNORE INTO actorkeep_kv_meta VALUES (0, 0)")
+        (seq,) = sql.exec("SELECT seq FROM actorkeep_kv_meta").fetchone()
+        # Every version up to seq may have been handed out: start after it.
+        self._next_version = int(seq) + 1
+        self._reserved = int(seq)
+
+    async def _new_version(self) -> int:
+        version = self._next_version
+        if version > self._reserved:
+            reserved = version + VERSION_BLOCK - 1
+            await self.sql.exec_durable(
+                "UPDATE actorkeep_kv_meta SET seq = ? WHERE id = 0", (reserved,)
+            )
+            self._reserved = reserved
+        self._next_version = version + 1
+        return version
+
+    def _now_ms(self) -> int:
+        return math.floor(self.now() * 1000)
+
+    def _live(self, key: bytes, now_ms: int) -> tuple[int, bytes, int | None] | None:
+        row = self.sql.exec(
+            "SELECT version, value, expires_at FROM actorkeep_kv WHERE key = ?", (key,)
+        ).fetchone()
+        if row is None or (row[2] is not None and row[2] <= now_ms):
+            return None  # an expired row reads as absent everywhere
+        return row[0], row[1], row[2]
+
+    @staticmethod
+    def _conflict(expect: int | None, live: int | None) -> ak.Response | None:
+        if expect is None or (live is None if expect == WIRE_ABSENT else live == expect):
+            return None
+        want = "absent" if expect == WIRE_ABSENT else f"version {expect}"
+        resp = ak.Response.json(
+            {
+                "error": "Conflict",
+                "message": f"expected {want}, found {'absent' if live is None else live}",
+                "current_version": live,
+            },
+            status=409,
+        )
+        return resp
+
+    @ak.route("POST", PREFIX + "{op}")
+    async def kv(self, req: ak.Request, op: str) -> ak.Response:
+        """The one entry point of the protocol: ``op`` is get, put, delete or list."""
+        try:
+            frame = decode_frame(op, req.body)
+        except ValueError as exc:
+            return error_response(400, "BadRequest", str(exc))
+        if op == "get":
+            return self._get(frame)
+        if op == "put":
+            return await self._put(frame)
+        if op == "delete":
+            return await self._delete(frame)
+        return self._list(frame)
+
+    def _get(self, frame: dict[str, Any]) -> ak.Response:
+        live = self._live(frame["k"], self._now_ms())
+        if live is None:
+            return _reply({"e": None})
+        version, value, expires_at = live
+        return _reply({"e": [value, version, expires_at]})
+
+    async def _put(self, frame: dict[str, Any]) -> ak.Response:
+        key: bytes = frame["k"]
+        now_ms = self._now_ms()
+        live = self._live(key, now_ms)
+        refused = self._conflict(frame["x"], live[0] if live else None)
+        if refused is not None:
+            return refused
+        version = await self._new_version()
+        ttl: float | None = frame["t"]
+        expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
+        statement = "INSERT OR REPLACE INTO actorkeep_kv VALUES (?, ?, ?, ?)"
+        params = (key, frame["v"], version, expires_at)
+        if frame["l"]:
+            self.sql.exec(statement, params)
+        else:
+            await self.sql.exec_durable(statement, params)
+        if expires_at is not None:
+            await self._arm_expiry(expires_at)
+        return _reply({"ver": version, "exp": expires_at})
+
+    async def _delete(self, frame: dict[str, Any]) -> ak.Response:
+        key: bytes = frame["k"]
+        live = self._live(key, self._now_ms())
+        refused = self._conflict(frame["x"], live[0] if live else None)
+        if refused is not None:
+            return refused
+        if live is None:
+            self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,))  # an expired row
+            return _reply({"deleted": False})
+        await self.sql.exec_durable("DELETE FROM actorkeep_kv WHERE key = ?", (key,))
+        return _reply({"deleted": True})
+
+    def _list(self, frame: dict[str, Any]) -> ak.Response:
+        prefix: bytes = frame["p"]
+        after: bytes | None = frame["a"]
+        limit: int = frame["n"]
+        clauses = ["(expires_at IS NULL OR expires_at > ?)", "key >= ?"]
+        params: list[Any] = [self._now_ms(), prefix]
+        end = prefix_end(prefix)
+        if end is not None:
+            clauses.append("key < ?")
+            params.append(end)
+        if after is not None:
+            clauses.append("key > ?")
+            params.append(after)
+        params.append(min(limit, MAX_LIMIT) + 1)
+        rows = self.sql.exec(
+            "SELECT key, value, version, expires_at FROM actorkeep_kv WHERE "
+            + " AND ".join(clauses)
+            + " ORDER BY key LIMIT ?",
+            params,
+        ).fetchall()
+        more = len(rows) > limit
+        return _reply({"e": [list(r) for r in rows[:limit]], "more": more})
+
+    async def _arm_expiry(self, expires_at_ms: int) -> None:
+        # One millisecond late, so that floor(now * 1000) >= expires_at when it fires.
+        at = (expires_at_ms + 1) / 1000
+        current = self.get_alarm()
+        if current is None or at < current:
+            await self.set_alarm(at)
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        """Delete expired rows, 500 per event, then wait for the next expiry."""
+        now_ms = self._now_ms()
+        deleted = self.sql.exec(
+            "DELETE FROM actorkeep_kv WHERE key IN (SELECT key FROM actorkeep_kv "
+            "WHERE expires_at <= ? LIMIT ?)",
+            (now_ms, EXPIRY_BATCH),
+        ).rowcount
+        if deleted >= EXPIRY_BATCH:
+            await self.set_alarm(self.now())  # more to do: a separate event, so others get a turn
+            return
+        (nxt,) = self.sql.exec(
+            "SELECT MIN(expires_at) FROM actorkeep_kv WHERE expires_at IS NOT NULL"
+        ).fetchone()
+        if nxt is not None:
+            await self.set_alarm((nxt + 1) / 1000)

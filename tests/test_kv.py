@@ -1,0 +1,412 @@
+"""KV shards and the ak.kv client (SPEC §7, record 0015)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+import actorkeep as ak
+from actorkeep.kv_wire import decode_frame
+from actorkeep.testing import open_host
+from shards.kv import EXPIRY_BATCH, VERSION_BLOCK, prefix_end
+
+from .conftest import sqlite_files
+from .kvutil import SHARDS, kvop, make_app
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [  # FNV-1a 64 reference vectors
+        (b"", 0xCBF29CE484222325),
+        (b"a", 0xAF63DC4C8601EC8C),
+        (b"foobar", 0x85944171F73967E8),
+        (b"chongo was here!\n", 0x46810940EFF5F915),
+    ],
+)
+def test_fnv1a_vectors(data: bytes, expected: int) -> None:
+    assert ak.kv.shard_for(data, 1 << 64) == expected
+    assert ak.kv.shard_for(data, 16) == expected % 16
+
+
+@given(st.text(max_size=50), st.integers(min_value=1, max_value=1000))
+def test_placement_str_is_utf8_and_in_range(key: str, n: int) -> None:
+    i = ak.kv.shard_for(key, n)
+    assert 0 <= i < n
+    assert i == ak.kv.shard_for(key.encode(), n)
+
+
+def test_placement_spreads_keys() -> None:
+    counts = [0] * 16
+    for i in range(16_000):
+        counts[ak.kv.shard_for(f"user:{i}", 16)] += 1
+    assert min(counts) > 800 and max(counts) < 1200
+
+
+def test_client_addresses() -> None:
+    kv = ak.kv.Client("kv", shards=16)
+    assert kv.address_of("foobar") == f"kv/shard-{0x85944171F73967E8 % 16}"
+    with pytest.raises(ValueError):
+        ak.kv.Client("Bad Name")
+    with pytest.raises(ValueError):
+        ak.kv.Client("kv", shards=0)
+
+
+# -- operations --------------------------------------------------------------------------------
+
+
+async def test_put_get_delete_versions(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(make_app(), data_dir) as host:
+        assert await kvop(host, "u", "get", key=b"a") == ["ok", None]
+        v1 = (await kvop(host, "u", "put", key=b"a", value=b"1"))[1]
+        assert await kvop(host, "u", "get", key="a") == ["ok", [b"a", b"1", v1, None]]
+        v2 = (await kvop(host, "u", "put", key=b"a", value=b"2"))[1]
+        assert v2 > v1
+        assert await kvop(host, "u", "get_fresh", key=b"a") == ["ok", [b"a", b"2", v2, None]]
+        assert await kvop(host, "u", "delete", key=b"a") == ["ok", True]
+        assert await kvop(host, "u", "delete", key=b"a") == ["ok", False]
+        v3 = (await kvop(host, "u", "put", key=b"a", value=b"3"))[1]
+        assert v3 > v2  # not reused after a delete
+
+
+async def test_compare_and_set(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(make_app(), data_dir) as host:
+        v1 = (await kvop(host, "u", "cas", key=b"k", expect="ABSENT", value=b"1"))[1]
+        assert await kvop(host, "u", "cas", key=b"k", expect="ABSENT", value=b"x") == [
+            "Conflict",
+            v1,
+        ]
+        v2 = (await kvop(host, "u", "cas", key=b"k", expect=v1, value=b"2"))[1]
+        assert await kvop(host, "u", "cas", key=b"k", expect=v1, value=b"x") == ["Conflict", v2]
+        v3 = (await kvop(host, "u", "cas", key=b"k", expect="ANY", value=b"3"))[1]
+        assert v3 > v2
+        # ABA: delete and re-create; the old version still loses.
+        assert await kvop(host, "u", "delete_if", key=b"k", expect=v2) == ["Conflict", v3]
+        assert await kvop(host, "u", "delete_if", key=b"k", expect=v3) == ["ok", True]
+        v4 = (await kvop(host, "u", "cas", key=b"k", expect="ABSENT", value=b"3"))[1]
+        assert await kvop(host, "u", "cas", key=b"k", expect=v3, value=b"x") == ["Conflict", v4]
+        assert await kvop(host, "u", "cas", key=b"gone", expect=v4, value=b"x") == [
+            "Conflict",
+            None,
+        ]
+        assert await kvop(host, "u", "delete_if", key=b"gone", expect="ABSENT") == ["ok", False]
+        assert await kvop(host, "u", "get", key=b"k") == ["ok", [b"k", b"3", v4, None]]
+
+
+async def test_versions_survive_restarts_and_never_repeat(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    seen: list[int] = []
+    async with open_host(make_app(), data_dir) as host:
+        for round_ in range(3):
+            for i in range(5):
+                seen.append(
+                    (await kvop(host, "u", "put", key=b"same", value=b"%d" % i, local=round_ == 1))[
+                        1
+                    ]
+                )
+            await host.restart()
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    # Each instance starts past the block reserved by the one before.
+    assert seen[5] > seen[4] + VERSION_BLOCK - 10
+
+
+async def test_lost_local_write_cannot_reuse_its_version(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Power loss may drop a local write and the counter's plain update: the durable
+    reservation still keeps its version from being handed out again."""
+    app = make_app()
+    async with open_host(app, data_dir) as host:
+        v_local = (await kvop(host, "u", "put", key=b"p", value=b"local", local=True))[1]
+    shard = ak.kv.Client("kv", shards=SHARDS).address_of(b"p").split("/")[1]
+    (path,) = [p for p in sqlite_files(data_dir) if p.name == f"{shard}.sqlite"]
+    with sqlite3.connect(path) as conn:  # what power loss could leave: the row is gone
+        conn.execute("DELETE FROM actorkeep_kv")
+    async with open_host(app, data_dir) as host:
+        v_next = (await kvop(host, "u", "put", key=b"p", value=b"other"))[1]
+    assert v_next > v_local
+
+
+async def test_list_merges_shards_with_cursor(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(make_app(), data_dir) as host:
+        keys = sorted({f"item/{i:03d}".encode() for i in range(57)} | {b"other/1", b"item0"})
+        for k in keys:
+            await kvop(host, "u", "put", key=k, value=k[::-1], local=True)
+        got: list[bytes] = []
+        after = None
+        pages = 0
+        while True:
+            _, entries, cursor = await kvop(
+                host, "u", "list", prefix=b"item/", after=after, limit=10
+            )
+            got += [e[0] for e in entries]
+            assert all(e[1] == e[0][::-1] for e in entries)
+            pages += 1
+            if cursor is None:
+                break
+            after = cursor
+        assert got == [k for k in keys if k.startswith(b"item/")]
+        assert pages == 6
+        _, everything, cursor = await kvop(host, "u", "list", limit=1000)
+        assert [e[0] for e in everything] == keys and cursor is None
+
+
+@given(st.binary(max_size=4))
+def test_prefix_end(prefix: bytes) -> None:
+    end = prefix_end(prefix)
+    for candidate in [prefix, prefix + b"\x00", prefix + b"\xff\xff", prefix[:-1]]:
+        inside = candidate.startswith(prefix)
+        below_end = end is None or candidate < end
+        assert inside == (candidate >= prefix and below_end)
+
+
+# -- expiry ------------------------------------------------------------------------------------
+
+
+async def test_ttl_lazy_and_swept_by_alarm(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(make_app(), data_dir) as host:
+        v = (await kvop(host, "u", "put", key=b"t", value=b"x", ttl=10))[1]
+        _ok, entry = await kvop(host, "u", "get", key=b"t")
+        assert entry[2] == v and entry[3] == pytest.approx(host.host.clock.now() + 10, abs=0.002)
+        await trio.sleep(9.9)
+        assert (await kvop(host, "u", "get", key=b"t"))[1] is not None
+        await trio.sleep(0.2)
+        assert await kvop(host, "u", "get", key=b"t") == ["ok", None]
+        assert (await kvop(host, "u", "list"))[1] == []
+        # An expired key is absent for expectations too.
+        assert (await kvop(host, "u", "cas", key=b"t", expect="ABSENT", value=b"y"))[0] == "ok"
+
+
+async def test_expiry_alarm_deletes_in_batches(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    app = ak.App()
+    import shards as shards_pkg
+
+    app.mount(shards_pkg.KVShard, "kv")
+    kv = ak.kv.Client("kv", shards=1)
+    counts: list[int] = []
+
+    class Loader(ak.Actor):
+        @ak.rpc
+        async def load(self, n: int, ttl: float) -> None:
+            for i in range(n):
+                await kv.put(f"k{i:05d}", b"v", ttl=ttl + i / 1_000_000, local=True)
+
+    app.mount(Loader, "loader")
+    async with open_host(app, data_dir) as host:
+        await host.request("POST", "/loader/l/_rpc/load", json={"n": 1200, "ttl": 50})
+        await host.request("POST", "/loader/l/_rpc/load", json={"n": 1, "ttl": 500})  # k00000
+        db = next(p for p in sqlite_files(data_dir) if "shard-0" in p.name)
+
+        def rows() -> int:
+            with sqlite3.connect(db) as conn:
+                return int(conn.execute("SELECT count(*) FROM actorkeep_kv").fetchone()[0])
+
+        assert rows() == 1200
+        await trio.sleep(51)
+        counts.append(rows())
+        await trio.sleep(500)
+        counts.append(rows())
+    # 1199 expired at ~50 s: three sweep events of at most 500; k00000 was renewed to 500 s.
+    assert counts == [1, 0]
+    assert EXPIRY_BATCH == 500
+
+
+# -- read cache --------------------------------------------------------------------------------
+
+
+async def test_read_cache(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_host(make_app(read_cache=5.0), data_dir) as host:
+        v1 = (await kvop(host, "reader", "put", key=b"c", value=b"1"))[1]
+        await kvop(host, "reader", "get", key=b"c")
+        v2 = (await kvop(host, "writer", "put", key=b"c", value=b"2"))[1]
+        # The reader's cache is stale for up to 5 s...
+        assert (await kvop(host, "reader", "get", key=b"c"))[1][1:3] == [b"1", v1]
+        assert (await kvop(host, "reader", "get_fresh", key=b"c"))[1][1:3] == [b"2", v2]
+        v3 = (await kvop(host, "writer", "put", key=b"c", value=b"3"))[1]
+        await trio.sleep(5.1)
+        assert (await kvop(host, "reader", "get", key=b"c"))[1][1:3] == [b"3", v3]
+        # ...and its own writes update it at once.
+        v4 = (await kvop(host, "reader", "put", key=b"c", value=b"4"))[1]
+        await kvop(host, "writer", "put", key=b"c", value=b"5")
+        assert (await kvop(host, "reader", "get", key=b"c"))[1][1:3] == [b"4", v4]
+        await kvop(host, "reader", "delete", key=b"c")
+        assert (await kvop(host, "reader", "get", key=b"c"))[1] is None
+        # Lost with the instance.
+        await kvop(host, "writer", "put", key=b"c", value=b"6")
+        await host.restart()
+        assert (await kvop(host, "reader", "get", key=b"c"))[1][1] == b"6"
+
+
+# -- access and bad input ----------------------------------------------------------------------
+
+
+async def test_outside_requests_are_refused_without_files(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(make_app(), data_dir) as host:
+        frame = msgpack.packb({"k": b"a"})
+        resp = await host.request(
+            "POST",
+            "/kv/shard-0/actorkeep-kv/v1/get",
+            body=frame,
+            headers={"content-type": "application/msgpack", "x-actorkeep-caller": "user/u"},
+        )
+        assert resp.status == 403
+        assert sqlite_files(data_dir) == []
+
+
+async def test_allow_narrows_callers(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(make_app(allow=["jobs"]), data_dir) as host:
+        resp = await host.request(
+            "POST", "/user/u/_rpc/op", json={"name": "get", "args": {"key": "a"}}
+        )
+        assert resp.status == 500 and resp.json()["error"] == "Forbidden"
+        ok = await host.call_as(
+            "jobs/j",
+            "kv/shard-0",
+            "POST",
+            "/actorkeep-kv/v1/get",
+            msgpack.packb({"k": b"a"}),
+            {"content-type": "application/msgpack"},
+        )
+        assert ok.status == 200
+
+
+async def test_client_refuses_bad_input_before_any_call(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    app = make_app()
+    kv = ak.kv.Client("kv", shards=SHARDS)
+    messages: list[str] = []
+
+    class Bad(ak.Actor):
+        @ak.rpc
+        async def run(self) -> list[str]:
+            attempts: list[Any] = [
+                lambda: kv.get(b"k" * 2049),
+                lambda: kv.get(42),  # type: ignore[arg-type]
+                lambda: kv.put(b"k", "str value"),  # type: ignore[arg-type]
+                lambda: kv.put(b"k", b"v" * ((1 << 20) + 1)),
+                lambda: kv.put(b"k", b"v", ttl=-1),
+                lambda: kv.put(b"k", b"v", ttl=float("nan")),
+                lambda: kv.compare_and_set(b"k", 0, b"v"),
+                lambda: kv.compare_and_set(b"k", True, b"v"),
+                lambda: kv.compare_and_set(b"k", "1", b"v"),  # type: ignore[arg-type]
+                lambda: kv.list(limit=1001),
+                lambda: kv.list(limit=0),
+                lambda: kv.list(prefix=b"p" * 3000),
+            ]
+            for attempt in attempts:
+                try:
+                    await attempt()
+                except ValueError as exc:
+                    messages.append(str(exc))
+            # The largest legal key and value go through: calls between actors are not
+            # limited by the front's max_body.
+            version = await kv.put(b"k" * 2048, b"v" * (1 << 20))
+            entry = await kv.get(b"k" * 2048)
+            assert entry is not None and entry.version == version
+            return messages
+
+    app.mount(Bad, "bad")
+    async with open_host(app, data_dir) as host:
+        resp = await host.request("POST", "/bad/b/_rpc/run")
+        assert resp.status == 200
+        assert len(resp.json()) == 12
+        assert all("must" in m or "limit" in m for m in resp.json())
+
+
+async def test_malformed_frames_are_400_and_write_nothing(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    bad_frames: list[tuple[str, bytes]] = [
+        ("get", b"\xc1"),
+        ("get", msgpack.packb([1, 2])),
+        ("get", msgpack.packb({})),
+        ("get", msgpack.packb({"k": 5})),
+        ("put", msgpack.packb({"k": b"a"})),
+        ("put", msgpack.packb({"k": b"a", "v": "text"})),
+        ("put", msgpack.packb({"k": b"a", "v": b"x", "x": -1})),
+        ("put", msgpack.packb({"k": b"a", "v": b"x", "t": 0})),
+        ("put", msgpack.packb({"k": b"a", "v": b"x", "l": 1})),
+        ("put", msgpack.packb({"k": b"a", "v": b"x", "zz": 1})),
+        ("list", msgpack.packb({"n": 5000})),
+        ("nope", msgpack.packb({"k": b"a"})),
+    ]
+    async with open_host(make_app(), data_dir) as host:
+        for op, body in bad_frames:
+            resp = await host.call_as(
+                "user/u",
+                "kv/shard-0",
+                "POST",
+                f"/actorkeep-kv/v1/{op}",
+                body,
+                {"content-type": "application/msgpack"},
+            )
+            assert resp.status == 400, (op, body)
+            assert resp.json()["error"] == "BadRequest"
+        (db,) = sqlite_files(data_dir)
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM actorkeep_kv").fetchone()[0] == 0
+            assert conn.execute("SELECT seq FROM actorkeep_kv_meta").fetchone()[0] == 0
+
+
+@given(st.sampled_from(["get", "put", "delete", "list", "x"]), st.binary(max_size=64))
+def test_frame_decoder_never_fails_otherwise(op: str, body: bytes) -> None:
+    try:
+        frame = decode_frame(op, body)
+    except ValueError:
+        return
+    assert isinstance(frame, dict)
+
+
+@given(
+    st.sampled_from(["get", "put", "delete", "list"]),
+    st.dictionaries(
+        st.sampled_from(["k", "v", "x", "t", "l", "p", "a", "n", "zz"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-(2**63), 2**64 - 1),
+            st.floats(),
+            st.binary(max_size=8),
+            st.text(max_size=8),
+            st.lists(st.integers(-5, 5), max_size=2),
+        ),
+    ),
+)
+def test_frame_decoder_checks_every_field(op: str, fields: dict[str, Any]) -> None:
+    try:
+        frame = decode_frame(op, msgpack.packb(fields))
+    except ValueError:
+        return
+    if "k" in frame:
+        assert isinstance(frame["k"], bytes) and len(frame["k"]) <= 2048
+    if "v" in frame:
+        assert isinstance(frame["v"], bytes)
+    if frame.get("t") is not None:
+        assert frame["t"] > 0
+    if frame.get("x") is not None:
+        assert isinstance(frame["x"], int) and frame["x"] >= 0
+    if "n" in frame:
+        assert 1 <= frame["n"] <= 1000
