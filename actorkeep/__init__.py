@@ -4,7 +4,7 @@ Each actor owns one SQLite file and one durable alarm, handles one event at a ti
 other actors with a caller identity the host vouches for. See docs/getting-started.md.
 """
 
-from . import codec, kv, testing
+from . import codec, kv, queue, testing
 from .actor import Actor, AlarmInfo
 from .app import App
 from .errors import (
@@ -42,6 +42,7 @@ __all__ = [
     "codec",
     "current_actor",
     "kv",
+    "queue",
     "route",
     "rpc",
     "testing",

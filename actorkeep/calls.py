@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .address import split_address
-from .errors import ReentryError, error_for_status
-from .http import Headers, Request, Response
+from .errors import error_for_status
+from .http import Response
 
 if TYPE_CHECKING:
     from .host import Activation
@@ -58,48 +58,32 @@ class ActorRef:
     An error reply raises ``RemoteError`` (or its subclasses, by status).
     """
 
-    __slots__ = ("_act", "_address", "_timeout")
+    __slots__ = ("_act", "_address", "_methods", "_timeout")
 
     def __init__(self, act: Activation, address: str, timeout: float | None) -> None:
         self._act = act
         self._address = address
         self._timeout = timeout
+        self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
         if method.startswith("_"):
             raise AttributeError(method)
+        call = self._methods.get(method)
+        if call is None:
+            act, address, timeout = self._act, self._address, self._timeout
 
-        async def call(**kwargs: Any) -> Any:
-            return await call_rpc(self._act, self._address, method, kwargs, self._timeout)
+            async def call(**kwargs: Any) -> Any:
+                return await act.host.call_rpc(
+                    act.address, act.chain_for_call(), address, method, kwargs, timeout
+                )
 
-        call.__name__ = method
+            call.__name__ = method
+            self._methods[method] = call
         return call
 
     def __repr__(self) -> str:
         return f"<ActorRef {self._address}>"
-
-
-async def call_rpc(
-    act: Activation, address: str, method: str, args: dict[str, Any], timeout: float | None
-) -> Any:
-    """Call ``@rpc method`` of ``address`` from ``act``; decode the result or raise."""
-    class_name, name = split_address(address)
-    host = act.host
-    chain = act.chain_for_call()
-    if address in chain:
-        raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
-    headers = dict(_RPC_HEADERS)
-    headers["x-actorkeep-caller"] = act.address
-    request = Request(
-        "POST",
-        f"/_rpc/{method}",
-        {},
-        Headers._from_lower(headers),
-        codec.pack(args),
-        act.address,
-    )
-    resp = await host.deliver(class_name, name, request, chain, timeout)
-    return decode_reply(resp)
 
 
 def decode_reply(resp: Response) -> Any:

@@ -14,10 +14,16 @@ Encoding = Literal["msgpack", "json"]
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 
 
+_EXACT: dict[str, Encoding] = {MSGPACK: "msgpack", JSON: "json"}
+
+
 def encoding_of(content_type: str | None) -> Encoding:
     """The encoding a Content-Type asks for; JSON when there is none (curl-friendly)."""
     if not content_type:
         return "json"
+    exact = _EXACT.get(content_type)
+    if exact is not None:
+        return exact
     media = content_type.partition(";")[0].strip().lower()
     if media in _MSGPACK_TYPES:
         return "msgpack"

@@ -27,9 +27,17 @@ from .actor import Actor, AlarmInfo
 from .address import check_actor_name, split_address
 from .alarms import ACTOR_TABLE, MAX_RETRIES, AlarmIndex, AlarmState, retry_delay
 from .app import ActorClass, App
-from .calls import ActorsClient
+from .calls import ActorsClient, decode_reply
 from .clock import Clock
-from .errors import CallTimeout, HostClosed, Overloaded, ReentryError
+from .errors import (
+    BadRequest,
+    CallTimeout,
+    Forbidden,
+    HostClosed,
+    Overloaded,
+    ReentryError,
+    RemoteError,
+)
 from .http import Headers, Request, Response, error_response
 from .sql import Sql
 from .storage import Database, StorageBackend
@@ -42,6 +50,10 @@ log = structlog.get_logger("actorkeep")
 CALLER_HEADER = "x-actorkeep-caller"
 RESERVED_HEADER_PREFIX = "x-actorkeep-"
 _STOP = object()
+_RESULT_HEADERS = {  # shared: Headers are read-only
+    "msgpack": Headers._from_lower({"content-type": codec.MSGPACK}),
+    "json": Headers._from_lower({"content-type": codec.JSON}),
+}
 _DUE_BATCH = 256
 
 _current_actor: ContextVar[Actor] = ContextVar("actorkeep_current_actor")
@@ -58,7 +70,18 @@ def current_actor() -> Actor:
 class Event:
     """One unit of work for an actor: a request, a call, or the alarm."""
 
-    __slots__ = ("abandoned", "args", "chain", "encoding", "fn", "params", "request", "waiter")
+    __slots__ = (
+        "abandoned",
+        "args",
+        "chain",
+        "encoding",
+        "fn",
+        "inline",
+        "params",
+        "request",
+        "timeout",
+        "waiter",
+    )
 
     def __init__(
         self,
@@ -68,6 +91,7 @@ class Event:
         params: dict[str, str] | None = None,
         args: dict[str, Any] | None = None,
         encoding: codec.Encoding | None = None,
+        inline: bool = False,
     ) -> None:
         self.fn = fn  # None for the alarm
         self.request = request
@@ -75,12 +99,69 @@ class Event:
         self.params = params
         self.args = args  # set for @rpc calls
         self.encoding = encoding
+        self.inline = inline  # the handler never suspends (routing.never_suspends)
         self.waiter: Task | None = None
+        self.timeout: float | None = None  # set while the waiter's timeout is registered
         self.abandoned = False
 
 
 def _abort_park(_: Any) -> Abort:
     return Abort.SUCCEEDED
+
+
+class CallTimeouts:
+    """The deadlines of every waiting caller, watched by one task.
+
+    A cancel scope per call costs more than the rest of a call; instead each waiting event is
+    kept in one ``OrderedDict`` per timeout value. Calls of one timeout value arrive in deadline
+    order, so each dict is sorted by deadline and adding, removing and finding the earliest are
+    O(1).
+    """
+
+    def __init__(self) -> None:
+        self._by_timeout: dict[float, OrderedDict[Event, float]] = {}
+        self._scope: trio.CancelScope | None = None
+
+    def add(self, ev: Event, timeout: float) -> None:
+        deadline = trio.current_time() + timeout
+        pending = self._by_timeout.get(timeout)
+        if pending is None:
+            pending = self._by_timeout[timeout] = OrderedDict()
+        pending[ev] = deadline
+        ev.timeout = timeout
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def discard(self, ev: Event) -> None:
+        timeout = ev.timeout
+        if timeout is not None:
+            ev.timeout = None
+            del self._by_timeout[timeout][ev]
+
+    async def watch(self) -> None:
+        while True:
+            now = trio.current_time()
+            earliest = math.inf
+            for timeout, pending in self._by_timeout.items():
+                while pending:
+                    ev, deadline = next(iter(pending.items()))
+                    if deadline > now:
+                        earliest = min(earliest, deadline)
+                        break
+                    del pending[ev]
+                    ev.timeout = None
+                    waiter = ev.waiter
+                    if waiter is not None:
+                        ev.waiter = None
+                        ev.abandoned = True
+                        reschedule(
+                            waiter, outcome.Error(CallTimeout(f"no answer within {timeout} s"))
+                        )
+            with trio.CancelScope(deadline=earliest) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
 
 
 class Activation:
@@ -286,6 +367,7 @@ class Host:
         self._alarm_scope: trio.CancelScope | None = None
         self._alarms_running: set[str] = set()
         self._evictor_scope: trio.CancelScope | None = None
+        self._timeouts = CallTimeouts()
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -305,6 +387,7 @@ class Host:
                 self._nursery = nursery
                 nursery.start_soon(self._alarm_loop)
                 nursery.start_soon(self._evictor_loop)
+                nursery.start_soon(self._timeouts.watch)
                 try:
                     yield self
                 finally:
@@ -400,17 +483,92 @@ class Host:
                 rpc.check_args(args)
             except ValueError as exc:
                 return error_response(400, "BadRequest", str(exc))
-            ev = Event(rpc.fn, request, chain, None, args, encoding)
+            ev = Event(rpc.fn, request, chain, None, args, encoding, rpc.inline)
         else:
             found = router.match(request.method, request.path)
             if found is None:
                 return error_response(
                     404, "NotFound", f"{class_name} has no route {request.method} {request.path}"
                 )
-            ev = Event(found[0], request, chain, found[1])
-        address = f"{class_name}/{name}"
+            ev = Event(found[0], request, chain, found[1], inline=router.inline[found[0]])
+        return await self._dispatch(f"{class_name}/{name}", spec, name, ev, timeout)
+
+    async def call_rpc(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        """``ref.method(**args)`` from actor ``caller``: the result, or the error it means.
+
+        The same rules as ``call`` to ``POST /_rpc/<method>`` with a msgpack body, without
+        building an HTTP-shaped request: rpc handlers only see their arguments.
+        """
+        act = self._activations.get(address)
+        if act is not None:
+            spec, name = act.spec, act.name
+        else:
+            class_name, name = split_address(address)
+            found_spec = self.classes.get(class_name)
+            if found_spec is None:
+                raise RemoteError(404, "NotFound", f"no actor class {class_name!r}")
+            spec = found_spec
+        if address in chain:
+            raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
+        if spec.allow is not None and caller.partition("/")[0] not in spec.allow:
+            raise Forbidden(f"actor class {spec.name!r} does not answer {caller!r}")
+        rpc = spec.router.rpcs.get(method)
+        if rpc is None:
+            raise RemoteError(404, "NotFound", f"{spec.name} has no route POST /_rpc/{method}")
+        copied = codec.unpack(codec.pack(args))  # the callee gets its own copy, as over HTTP
+        try:
+            rpc.check_args(copied)
+        except ValueError as exc:
+            raise BadRequest(400, "BadRequest", str(exc)) from None
+        ev = Event(rpc.fn, None, chain, None, copied, "msgpack", rpc.inline)
+        return decode_reply(await self._dispatch(address, spec, name, ev, timeout))
+
+    async def _dispatch(
+        self, address: str, spec: ActorClass, name: str, ev: Event, timeout: float | None
+    ) -> Response:
+        if ev.inline:
+            await trio.lowlevel.checkpoint()  # every call is a checkpoint, inline or not
+            act = self._activations.get(address)
+            if act is not None and act.parked and act.instance is not None:
+                return await self._run_inline(act, ev)
         self._enqueue(self._activation(address, spec, name), ev, limit=True)
         return await self._wait(ev, timeout)
+
+    async def _run_inline(self, act: Activation, ev: Event) -> Response:
+        """Run a handler that cannot suspend in the caller's task, while its actor is idle.
+
+        Its worker is parked with nothing queued, and the handler has no yield point, so it
+        runs from start to end with nothing else running: one event at a time and FIFO hold,
+        and no timeout or cancellation can reach it. It is what the worker would do, without
+        the two task switches (decision 0001).
+        """
+        inst = act.instance
+        assert inst is not None and ev.fn is not None
+        act.current = ev
+        token = _current_actor.set(inst)
+        try:
+            if ev.args is not None:
+                result = await ev.fn(inst, **ev.args)
+            else:
+                result = await ev.fn(inst, ev.request, **(ev.params or {}))
+            resp = self._response(ev, result)
+        except Exception as exc:
+            resp = self._failed(act, exc)
+        finally:
+            _current_actor.reset(token)
+            act.current = None
+            act.last_used = now = trio.current_time()
+            self._activations.move_to_end(act.address)
+            self._note_idle(now + self.idle_timeout)
+        return resp
 
     # -- activations and the worker -------------------------------------------------------
     def _activation(self, address: str, spec: ActorClass, name: str) -> Activation:
@@ -438,24 +596,25 @@ class Host:
             reschedule(act.task)
 
     async def _wait(self, ev: Event, timeout: float | None) -> Response:
+        """Park until the worker answers, the timeout passes (``CallTimeout``) or we are
+        cancelled. In the last two cases the event is abandoned: skipped if it has not started."""
         ev.waiter = current_task()
+        if timeout is not None:
+            self._timeouts.add(ev, timeout)
 
         def abort(_: Any) -> Abort:
             ev.waiter = None
             ev.abandoned = True
+            self._timeouts.discard(ev)
             return Abort.SUCCEEDED
 
-        if timeout is None:
-            return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
-        with trio.move_on_after(timeout):
-            return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
-        raise CallTimeout(f"no answer within {timeout} s")
+        return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
-    @staticmethod
-    def _reply(ev: Event, result: outcome.Outcome[Response]) -> None:
+    def _reply(self, ev: Event, result: outcome.Outcome[Response]) -> None:
         waiter = ev.waiter
         if waiter is not None:
             ev.waiter = None
+            self._timeouts.discard(ev)
             reschedule(waiter, result)
 
     async def _worker(self, act: Activation) -> None:
@@ -513,20 +672,25 @@ class Host:
             assert ev.fn is not None
             if ev.args is not None:
                 result = await ev.fn(inst, **ev.args)
-                assert ev.encoding is not None
-                body = codec.encode(result, ev.encoding)
-                ctype = codec.media_type(ev.encoding)
-                resp = Response(200, Headers._from_lower({"content-type": ctype}), body)
             else:
-                resp = await ev.fn(inst, ev.request, **(ev.params or {}))
-                if not isinstance(resp, Response):
-                    raise TypeError(
-                        f"route handler {ev.fn.__qualname__} returned {type(resp).__name__}, "
-                        "not ak.Response"
-                    )
+                result = await ev.fn(inst, ev.request, **(ev.params or {}))
+            return outcome.Value(self._response(ev, result))
         except Exception as exc:
             return outcome.Value(self._failed(act, exc))
-        return outcome.Value(resp)
+
+    @staticmethod
+    def _response(ev: Event, result: Any) -> Response:
+        """The reply to an event whose handler returned ``result``."""
+        if ev.encoding is not None:  # @rpc: encode the return value as the request was
+            body = codec.encode(result, ev.encoding)
+            return Response(200, _RESULT_HEADERS[ev.encoding], body)
+        if not isinstance(result, Response):
+            assert ev.fn is not None
+            raise TypeError(
+                f"route handler {ev.fn.__qualname__} returned {type(result).__name__}, "
+                "not ak.Response"
+            )
+        return result
 
     def _failed(self, act: Activation, exc: Exception) -> Response:
         """A failed event: roll back, discard the instance, log, answer 500."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,6 +18,23 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 def _is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn)
+
+
+_YIELD_OPS = frozenset({"YIELD_VALUE", "YIELD_FROM", "INSTRUMENTED_YIELD_VALUE"})
+
+
+def never_suspends(fn: Callable[..., Any]) -> bool:
+    """True if the coroutine function ``fn`` cannot suspend: its own code has no yield point.
+
+    A coroutine gives control back to the event loop only through a ``YIELD_VALUE`` of its own
+    code (every ``await``, ``async for`` and ``async with`` compiles to one), so a handler without
+    one runs start to finish with nothing else running. The host may then run it in the caller's
+    task (decision 0001). Anything that is not a plain function is assumed to suspend.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is None or not inspect.iscoroutinefunction(fn):
+        return False
+    return not any(ins.opname in _YIELD_OPS for ins in dis.get_instructions(code))
 
 
 def route(method: str, path: str) -> Callable[[F], F]:
@@ -53,11 +71,12 @@ def rpc(fn: F) -> F:
 class RpcMethod:
     """An ``@rpc`` method and the argument names it accepts, checked before it is called."""
 
-    __slots__ = ("fn", "name", "optional", "required", "var_kw")
+    __slots__ = ("fn", "inline", "name", "optional", "required", "var_kw")
 
     def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
         self.name = name
         self.fn = fn
+        self.inline = never_suspends(fn)
         required: set[str] = set()
         optional: set[str] = set()
         self.var_kw = False
@@ -95,6 +114,7 @@ class Router:
         self.static: dict[tuple[str, str], RouteHandler] = {}
         self.patterns: list[tuple[str, tuple[str, ...], RouteHandler]] = []
         self.rpcs: dict[str, RpcMethod] = {}
+        self.inline: dict[RouteHandler, bool] = {}  # route handlers that never suspend
         seen: set[str] = set()
         for klass in cls.__mro__:
             for attr, fn in vars(klass).items():
@@ -103,6 +123,8 @@ class Router:
                 seen.add(attr)
                 if getattr(fn, _RPC_ATTR, False):
                     self.rpcs[attr] = RpcMethod(attr, fn)
+                if getattr(fn, _ROUTES_ATTR, ()):
+                    self.inline[fn] = never_suspends(fn)
                 for method, path in getattr(fn, _ROUTES_ATTR, ()):
                     segments = tuple(path.strip("/").split("/")) if path != "/" else ()
                     if any(s.startswith("{") and s.endswith("}") for s in segments):

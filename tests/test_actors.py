@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import actorkeep as ak
@@ -385,3 +386,52 @@ async def test_rng_is_the_hosts_injected_one(
     seeded = random.Random(7)
     expected = [seeded.random() for _ in range(3)]
     assert draws == [expected, expected]
+
+
+async def test_inline_calls_wait_their_turn_behind_a_running_event(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A handler that never suspends may run in the caller's task, but only when its actor
+    is idle: behind a running event it queues like any other (FIFO, one at a time)."""
+    async with open_host(app, data_dir) as host:
+        await rpc(host, "echo/a", "add", a=0)
+        log.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(rpc, host, "echo/a", "step", tag="slow", pause=3.0))
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            assert await rpc(host, "echo/a", "add", a=1, b=2) == 3  # inline-capable
+            assert trio.current_time() - t0 == 3.0  # it waited for the running event
+            log.append(("add", "done"))
+        assert log == [("start", "slow"), ("end", "slow"), ("add", "done")]
+
+
+def test_never_suspends() -> None:
+    from actorkeep.routing import never_suspends
+
+    async def plain(x: int) -> int:
+        return x + 1
+
+    async def awaits() -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def loops() -> None:
+        async for _ in aiter_nothing():
+            pass
+
+    async def ctx(cm: Any) -> None:
+        async with cm:
+            pass
+
+    async def aiter_nothing() -> Any:
+        if False:
+            yield
+
+    def sync(x: int) -> int:
+        return x
+
+    assert never_suspends(plain)
+    assert never_suspends(Echo.add) and never_suspends(Echo.info)
+    assert not never_suspends(Echo.step)
+    for fn in (awaits, loops, ctx, aiter_nothing, sync, len):
+        assert not never_suspends(fn), fn

@@ -231,3 +231,35 @@ async def test_current_actor_context_variable(
         assert await rpc(host, "client/c", "context_inside") == ["client/c", "svc/a"]
     with pytest.raises(RuntimeError, match="no actor event"):
         ak.current_actor()
+
+
+async def test_many_timeouts_at_once(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One watcher serves every waiting caller, whatever mix of timeout values they use."""
+    effects.clear()
+    async with open_host(app, data_dir) as host:
+        results: dict[tuple[float, float], list[Any]] = {}
+
+        async def one(seconds: float, timeout: float, name: str) -> None:
+            results[(seconds, timeout)] = await rpc(
+                host,
+                f"client/{name}",
+                "timeout_of",
+                target=f"svc/{name}",
+                seconds=seconds,
+                timeout=timeout,
+            )
+
+        async with trio.open_nursery() as nursery:
+            for i, (seconds, timeout) in enumerate(
+                [(5, 1), (5, 3), (1, 3), (10, 7), (2, 7), (8, 1), (0.5, 0.25)]
+            ):
+                nursery.start_soon(one, seconds, timeout, f"n{i}")
+        for (seconds, timeout), outcome_ in results.items():
+            if seconds > timeout:
+                assert outcome_ == ["timeout", timeout]
+            else:
+                assert outcome_ == ["answered", seconds]
+        await trio.sleep(10)
+        assert len(effects) == 7  # every callee finished its event anyway

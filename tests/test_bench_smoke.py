@@ -1,0 +1,27 @@
+"""Each benchmark in ``bench/`` runs with ``--quick``, exits 0 and prints its ratio line.
+
+Nothing here asserts on timing: the numbers of a tiny run on a shared machine mean nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.mark.parametrize("name", ["rpc", pytest.param("http", marks=pytest.mark.slow), "durable"])
+def test_bench_quick_run(name: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert any("ratio" in line for line in proc.stdout.splitlines()), proc.stdout
