@@ -44,7 +44,7 @@ class AlarmIndex:
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS alarms (address TEXT PRIMARY KEY, at REAL NOT NULL)"
         )
-        self._conn.execute("CREATE INDEX IF NOT EXISTS alarms_at ON alarms (at)")
+        self._conn.execute("CREATE INDEX IF NOT EXISTS alarms_due ON alarms (at, address)")
         self._written = 0
         self._synced = 0
         self._sync_running: trio.Event | None = None
@@ -61,11 +61,23 @@ class AlarmIndex:
         self._conn.execute("DELETE FROM alarms WHERE address = ?", (address,))
         self._written += 1
 
-    def due(self, now: float, after: str, limit: int) -> list[tuple[str, float]]:
-        """Entries with ``at <= now``, in address order after ``after``."""
+    def due(
+        self, now: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[str, float]]:
+        """Entries with ``at <= now`` in ``(at, address)`` order, after the entry ``after``.
+
+        It reads only due entries, through the ``(at, address)`` index: the cost of a scan
+        grows with the number of due alarms, not with all pending ones.
+        """
+        if after is None:
+            return self._conn.execute(
+                "SELECT address, at FROM alarms WHERE at <= ? ORDER BY at, address LIMIT ?",
+                (now, limit),
+            ).fetchall()
         return self._conn.execute(
-            "SELECT address, at FROM alarms WHERE at <= ? AND address > ? ORDER BY address LIMIT ?",
-            (now, after, limit),
+            "SELECT address, at FROM alarms WHERE at <= ? AND (at, address) > (?, ?) "
+            "ORDER BY at, address LIMIT ?",
+            (now, after[0], after[1], limit),
         ).fetchall()
 
     def next_after(self, now: float) -> float | None:

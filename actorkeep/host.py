@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
@@ -164,6 +165,30 @@ class CallTimeouts:
             self._scope = None
 
 
+class _SharedConnection:
+    """The actor's sqlite3 connection as SQLAlchemy sees it: it never ends a transaction.
+
+    SQLAlchemy calls ``rollback()`` when it first connects and ``commit()``/``rollback()`` on
+    ``Connection.commit()``/``rollback()``; on the shared connection those would end a
+    transaction that ``self.sql.transaction()`` opened. Transactions belong to ``self.sql``.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # the host closes the real connection
+
+
 class Activation:
     """An actor in memory: database, waiting events, instance and worker task."""
 
@@ -233,9 +258,9 @@ class Activation:
 
         assert self.db is not None
         if self.sa_engine is None:
-            conn = self.db.conn
+            shared = _SharedConnection(self.db.conn)
             self.sa_engine = sqlalchemy.create_engine(
-                "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
+                "sqlite://", creator=lambda: shared, poolclass=StaticPool, pool_reset_on_return=None
             )
         return self.sa_engine.connect()
 
@@ -559,7 +584,7 @@ class Host:
                 result = await ev.fn(inst, **ev.args)
             else:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
-            resp = self._response(ev, result)
+            resp = self._response(act, ev, result)
         except Exception as exc:
             resp = self._failed(act, exc)
         finally:
@@ -674,13 +699,18 @@ class Host:
                 result = await ev.fn(inst, **ev.args)
             else:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
-            return outcome.Value(self._response(ev, result))
+            return outcome.Value(self._response(act, ev, result))
         except Exception as exc:
             return outcome.Value(self._failed(act, exc))
 
     @staticmethod
-    def _response(ev: Event, result: Any) -> Response:
+    def _response(act: Activation, ev: Event, result: Any) -> Response:
         """The reply to an event whose handler returned ``result``."""
+        if act.db is not None and act.db.conn.in_transaction:
+            raise RuntimeError(
+                "the event ended with a transaction still open: commit it before returning "
+                "(or use `with self.sql.transaction():`)"
+            )
         if ev.encoding is not None:  # @rpc: encode the return value as the request was
             body = codec.encode(result, ev.encoding)
             return Response(200, _RESULT_HEADERS[ev.encoding], body)
@@ -759,7 +789,7 @@ class Host:
         index = self.alarm_index
         while True:
             now = self.clock.now()
-            after = ""
+            after: tuple[float, str] | None = None
             while True:
                 rows = index.due(now, after, _DUE_BATCH)
                 for address, _ in rows:
@@ -767,7 +797,7 @@ class Host:
                         self._fire(address)
                 if len(rows) < _DUE_BATCH:
                     break
-                after = rows[-1][0]
+                after = (rows[-1][1], rows[-1][0])
                 await trio.lowlevel.checkpoint()
             nxt = index.next_after(now)
             deadline = self.clock.trio_time(nxt) if nxt is not None else math.inf

@@ -18,8 +18,9 @@ import trio
 from . import codec
 from .address import check_class_name
 from .calls import decode_reply
-from .errors import RemoteError
-from .host import current_actor
+from .errors import ReentryError, RemoteError
+from .host import CALLER_HEADER, current_actor
+from .http import Headers, Request
 from .kv_wire import (
     PREFIX,
     WIRE_ABSENT,
@@ -133,10 +134,15 @@ class Client:
     ``read_cache``: keep what this actor instance read for up to that many seconds (None: no
     cache). Reads of other actors' writes may then be that stale; this actor's own writes
     through the client update the cache. The cache is lost with the instance.
+    ``timeout``: seconds each call to a shard may take (``CallTimeout`` after).
     """
 
     def __init__(
-        self, class_name: str = "kv", shards: int = 16, read_cache: float | None = None
+        self,
+        class_name: str = "kv",
+        shards: int = 16,
+        read_cache: float | None = None,
+        timeout: float | None = 30.0,
     ) -> None:
         check_class_name(class_name)
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
@@ -146,7 +152,9 @@ class Client:
         self.class_name = class_name
         self.shards = shards
         self.read_cache = read_cache
+        self.timeout = timeout
         self._addresses = [f"{class_name}/shard-{i}" for i in range(shards)]
+        self._paths = {op: PREFIX + op for op in ("get", "put", "delete", "list")}
 
     def address_of(self, key: bytes | str) -> str:
         """The shard actor that holds ``key``."""
@@ -262,8 +270,16 @@ class Client:
         return await self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
     async def _call_shard(self, address: str, op: str, frame: dict[str, Any]) -> dict[str, Any]:
-        actor = current_actor()
-        resp = await actor.actors.call(address, "POST", PREFIX + op, codec.pack(frame), _HEADERS)
+        act = current_actor()._ak
+        caller = act.address
+        headers = Headers._from_lower({"content-type": codec.MSGPACK, CALLER_HEADER: caller})
+        request = Request("POST", self._paths[op], {}, headers, codec.pack(frame), caller)
+        chain = act.chain_for_call()
+        if address in chain:
+            raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
+        resp = await act.host.deliver(
+            self.class_name, address[len(self.class_name) + 1 :], request, chain, self.timeout
+        )
         if resp.status == 409:
             err = resp.json()
             raise Conflict(str(err["message"]), err["current_version"])

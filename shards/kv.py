@@ -28,6 +28,14 @@ def _reply(obj: Any) -> ak.Response:
     return ak.Response(200, _MSGPACK, codec.pack(obj))
 
 
+def _decode(op: str, body: bytes) -> dict[str, Any] | ak.Response:
+    """The checked frame, or the 400 that refuses it."""
+    try:
+        return decode_frame(op, body)
+    except ValueError as exc:
+        return error_response(400, "BadRequest", str(exc))
+
+
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key that starts with ``prefix`` (None: no bound)."""
     stripped = prefix.rstrip(b"\xff")
@@ -98,20 +106,31 @@ class KVShard(ak.Actor):
         )
         return resp
 
+    # One route per operation: reads have no await, so the host can run them in the caller's
+    # task when the shard is idle (decision 0001); writes may wait for an fsync.
+    @ak.route("POST", PREFIX + "get")
+    async def get(self, req: ak.Request) -> ak.Response:
+        frame = _decode("get", req.body)
+        return frame if isinstance(frame, ak.Response) else self._get(frame)
+
+    @ak.route("POST", PREFIX + "list")
+    async def list(self, req: ak.Request) -> ak.Response:
+        frame = _decode("list", req.body)
+        return frame if isinstance(frame, ak.Response) else self._list(frame)
+
+    @ak.route("POST", PREFIX + "put")
+    async def put(self, req: ak.Request) -> ak.Response:
+        frame = _decode("put", req.body)
+        return frame if isinstance(frame, ak.Response) else await self._put(frame)
+
+    @ak.route("POST", PREFIX + "delete")
+    async def delete(self, req: ak.Request) -> ak.Response:
+        frame = _decode("delete", req.body)
+        return frame if isinstance(frame, ak.Response) else await self._delete(frame)
+
     @ak.route("POST", PREFIX + "{op}")
-    async def kv(self, req: ak.Request, op: str) -> ak.Response:
-        """The one entry point of the protocol: ``op`` is get, put, delete or list."""
-        try:
-            frame = decode_frame(op, req.body)
-        except ValueError as exc:
-            return error_response(400, "BadRequest", str(exc))
-        if op == "get":
-            return self._get(frame)
-        if op == "put":
-            return await self._put(frame)
-        if op == "delete":
-            return await self._delete(frame)
-        return self._list(frame)
+    async def unknown(self, req: ak.Request, op: str) -> ak.Response:
+        return error_response(400, "BadRequest", f"unknown kv operation {op!r}")
 
     def _get(self, frame: dict[str, Any]) -> ak.Response:
         live = self._live(frame["k"], self._now_ms())
@@ -123,10 +142,11 @@ class KVShard(ak.Actor):
     async def _put(self, frame: dict[str, Any]) -> ak.Response:
         key: bytes = frame["k"]
         now_ms = self._now_ms()
-        live = self._live(key, now_ms)
-        refused = self._conflict(frame["x"], live[0] if live else None)
-        if refused is not None:
-            return refused
+        if frame["x"] is not None:  # an expectation: check it against the live version
+            live = self._live(key, now_ms)
+            refused = self._conflict(frame["x"], live[0] if live else None)
+            if refused is not None:
+                return refused
         version = await self._new_version()
         ttl: float | None = frame["t"]
         expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None

@@ -260,3 +260,32 @@ async def test_index_entries_are_healed_and_stale_ones_dropped(
         assert [a for a, *_ in fired] == ["timer/lost"]
     with sqlite3.connect(index) as conn:
         assert conn.execute("SELECT count(*) FROM alarms").fetchone()[0] == 0
+
+
+async def test_many_due_alarms_fire_through_the_index(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir, idle_timeout=1) as host:
+        for i in range(600):  # more than one page of due entries, several sharing a time
+            await rpc(host, f"timer/m{i}", "set", delay=10 + (i % 7))
+        await trio.sleep(30)
+        assert sorted(a for a, *_ in fired) == sorted(f"timer/m{i}" for i in range(600))
+
+
+def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
+    """Finding due alarms reads only due entries (the (at, address) index), so restart cost
+    grows with due alarms, not with all pending ones."""
+    from actorkeep.alarms import AlarmIndex
+
+    db = FileStorage(data_dir, in_thread=False).open_host_db()
+    index = AlarmIndex(db)
+    statements: list[str] = []
+    db.conn.set_trace_callback(statements.append)  # the statements due() really runs
+    index.due(1.0, None, 2)
+    index.due(1.0, (0.5, "timer/a"), 2)
+    db.conn.set_trace_callback(None)
+    assert len(statements) == 2
+    for statement in statements:
+        plan = db.conn.execute("EXPLAIN QUERY PLAN " + statement).fetchall()
+        assert "USING COVERING INDEX alarms_due" in plan[0][3], (statement, plan)
+    db.close()

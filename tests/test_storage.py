@@ -98,6 +98,22 @@ class Store(ak.Actor):
         return [[list(r) for r in rows], seen]
 
     @ak.rpc
+    async def sqlalchemy_in_transaction(self, fail: bool) -> None:
+        t = sqlalchemy.table("t", sqlalchemy.column("k"), sqlalchemy.column("v"))
+        with self.sql.transaction():
+            self.sql.exec("INSERT INTO t VALUES ('sa1', 1)")
+            self.db.execute(sqlalchemy.insert(t).values(k="sa2", v=2))  # first use of self.db
+            self.db.commit()  # does not end the transaction: self.sql owns it
+            if fail:
+                raise RuntimeError("roll it all back")
+
+    @ak.rpc
+    async def leave_open(self) -> str:
+        self.sql.exec("BEGIN")
+        self.sql.exec("INSERT INTO t VALUES ('left', 1)")
+        return "returned"
+
+    @ak.rpc
     async def pragmas(self) -> list[Any]:
         return [
             self.sql.exec("PRAGMA journal_mode").fetchone()[0],
@@ -206,3 +222,31 @@ async def test_plain_fsync_mode_runs_inline(data_dir: Path) -> None:
         trio.to_thread.run_sync = original
     db.close()
     assert calls == []
+
+
+async def test_sqlalchemy_never_ends_an_open_transaction(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        resp = await host.request(
+            "POST", "/store/a/_rpc/sqlalchemy_in_transaction", json={"fail": True}
+        )
+        assert resp.status == 500
+        assert await rpc(host, "store/a", "get", k="sa1") is None
+        assert await rpc(host, "store/a", "get", k="sa2") is None
+        await rpc(host, "store/b", "sqlalchemy_in_transaction", fail=False)
+        assert await rpc(host, "store/b", "get", k="sa1") == 1
+        assert await rpc(host, "store/b", "get", k="sa2") == 2
+
+
+async def test_an_event_may_not_end_with_an_open_transaction(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        resp = await host.request("POST", "/store/a/_rpc/leave_open")
+        assert resp.status == 500
+        assert "transaction still open" in resp.json()["message"]
+        assert await rpc(host, "store/a", "get", k="left") is None  # rolled back, not carried on
+        await rpc(host, "store/a", "plain", k="next", v=1)
+        await host.restart()
+        assert await rpc(host, "store/a", "get", k="next") == 1

@@ -1,0 +1,180 @@
+"""KV through the client vs diskcache and raw sqlite3, measured side by side (SPEC §12, issue 3).
+
+1. Local put + get: 32 calling actors, each writing and reading its own keys through
+   ``ak.kv.Client("kv", shards=16)`` with ``local=True``, on a real ``Host`` over ``FileStorage``
+   (every put and every get counts as one op) vs diskcache ``Cache.set`` + ``Cache.get`` of the
+   same keys and values in one thread, on the same disk. Target: >= 1.0x its ops/s.
+2. Durable put vs raw ``sqlite3`` autocommit (WAL, ``synchronous=FULL``) inserting the same
+   rows in one thread. Reported for one caller writing alone (latency-bound: each put waits for
+   its fsync) and for 32 callers over 16 shards (fsyncs overlap in worker threads). Target:
+   >= 0.5x its rate.
+3. Listing 10,000 keys in pages of 1,000 across 16 shards: keys/s (no baseline).
+
+Everything lives under ``.bench-tmp/`` in the repository (the same disk), removed afterwards.
+The sides alternate over several rounds; the median of each is reported.
+
+    python bench/kv.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import diskcache
+import trio
+
+import actorkeep as ak
+import shards
+from actorkeep import codec
+
+SHARDS = 16
+CALLERS = 32
+VALUE = bytes(range(100))
+DRIVER = "bench/driver"
+BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
+
+app = ak.App()
+app.mount(shards.KVShard, "kv", access="internal")
+kv = ak.kv.Client("kv", shards=SHARDS)
+
+
+@app.actor("caller")
+class Caller(ak.Actor):
+    @ak.rpc
+    async def put_get(self, n: int, round_: int) -> int:
+        """``n`` local puts, each followed by a get of the same key; the ops done."""
+        for i in range(n):
+            key = f"{self.name}/{round_}/{i}"
+            await kv.put(key, VALUE, local=True)
+            entry = await kv.get(key)
+            assert entry is not None and entry.value == VALUE
+        return 2 * n
+
+    @ak.rpc
+    async def durable_puts(self, n: int, round_: int) -> int:
+        for i in range(n):
+            await kv.put(f"d/{self.name}/{round_}/{i}", VALUE)
+        return n
+
+    @ak.rpc
+    async def fill(self, n: int) -> None:
+        for i in range(n):
+            await kv.put(f"list/{i:06d}", VALUE, local=True)
+
+    @ak.rpc
+    async def list_all(self) -> int:
+        count, after = 0, None
+        while True:
+            page = await kv.list("list/", after=after, limit=1000)
+            count += len(page.entries)
+            if page.cursor is None:
+                return count
+            after = page.cursor
+
+
+async def call(host: ak.Host, address: str, method: str, **args: object) -> object:
+    resp = await host.call(
+        DRIVER, (DRIVER,), address, "POST", f"/_rpc/{method}", codec.pack(args),
+        {"content-type": codec.MSGPACK}, None,
+    )  # fmt: skip
+    if resp.status != 200:
+        raise RuntimeError(f"{address} {method}: {resp.status} {resp.body[:300]!r}")
+    return codec.unpack(resp.body)
+
+
+async def timed_callers(host: ak.Host, method: str, callers: int, n: int, round_: int) -> float:
+    """Run ``method`` on ``callers`` actors at once; total ops per second."""
+    done = [0] * callers
+
+    async def one(i: int) -> None:
+        done[i] = int(await call(host, f"caller/c{i}", method, n=n, round_=round_))  # type: ignore[call-overload]
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(callers):
+            nursery.start_soon(one, i)
+    return sum(done) / (time.perf_counter() - t0)
+
+
+def diskcache_rate(directory: Path, ops: int, round_: int) -> float:
+    with diskcache.Cache(str(directory)) as cache:
+        t0 = time.perf_counter()
+        for i in range(ops // 2):
+            key = f"dc/{round_}/{i}"
+            cache.set(key, VALUE)
+            assert cache.get(key) == VALUE
+        return ops / (time.perf_counter() - t0)
+
+
+def sqlite_full_rate(path: Path, rows: int) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB) WITHOUT ROWID")
+    t0 = time.perf_counter()
+    for i in range(rows):
+        conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (f"r/{i}/{t0}".encode(), VALUE))
+    rate = rows / (time.perf_counter() - t0)
+    conn.close()
+    return rate
+
+
+async def run(quick: bool, tmp: Path) -> None:
+    rounds = 2 if quick else 5
+    per_caller = 20 if quick else 150  # put+get pairs per caller per round
+    durable_n = 10 if quick else 100
+    list_keys = 500 if quick else 10_000
+    ours, theirs = [], []
+    solo, fleet, raw = [], [], []
+    async with ak.testing.open_host(app, tmp / "ak", storage=ak.FileStorage(tmp / "ak")) as th:
+        host = th.host
+        await timed_callers(host, "put_get", CALLERS, 5, -1)  # open every actor and shard
+        for r in range(rounds):
+            ours.append(await timed_callers(host, "put_get", CALLERS, per_caller, r))
+            theirs.append(diskcache_rate(tmp / "dc", CALLERS * per_caller * 2, r))
+            solo.append(await timed_callers(host, "durable_puts", 1, durable_n, r))
+            fleet.append(await timed_callers(host, "durable_puts", CALLERS, durable_n // 4, r))
+            raw.append(sqlite_full_rate(tmp / f"raw{r}.sqlite", durable_n))
+        await call(host, "caller/filler", "fill", n=list_keys)
+        t0 = time.perf_counter()
+        listed = int(await call(host, "caller/lister", "list_all"))  # type: ignore[call-overload]
+        list_rate = listed / (time.perf_counter() - t0)
+        assert listed == list_keys, listed
+    m = statistics.median
+    print(f"kv: {rounds} rounds, median reported; {CALLERS} callers, {SHARDS} shards")
+    print(
+        f"kv local put+get: actorkeep {m(ours):,.0f} ops/s, diskcache {m(theirs):,.0f} ops/s, "
+        f"ratio {m(ours) / m(theirs):.2f}x (target >= 1.0x, {_verdict(m(ours) / m(theirs), 1.0)})"
+    )
+    for label, rates in (("1 caller", solo), (f"{CALLERS} callers", fleet)):
+        ratio = m(rates) / m(raw)
+        print(
+            f"kv durable put, {label}: actorkeep {m(rates):,.0f} puts/s, raw sqlite3 FULL "
+            f"{m(raw):,.0f} rows/s, ratio {ratio:.2f}x (target >= 0.5x, {_verdict(ratio, 0.5)})"
+        )
+    print(
+        f"kv list: {listed:,} keys in pages of 1,000 across {SHARDS} shards: "
+        f"{list_rate:,.0f} keys/s"
+    )
+
+
+def _verdict(ratio: float, target: float) -> str:
+    return "met" if ratio >= target else "MISSED"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    args = parser.parse_args()
+    BENCH_TMP.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BENCH_TMP, prefix="kv-") as tmp:
+        trio.run(run, args.quick, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
