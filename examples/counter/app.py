@@ -1,4 +1,9 @@
-"""A counter per name: ``curl -X POST localhost:8080/counter/a/_rpc/incr -d '{"by": 2}'``."""
+"""A counter per name.
+
+    curl -X POST localhost:8080/counter/a/_rpc/incr \\
+         -H 'content-type: application/json' -d '{"by": 2}'
+    curl localhost:8080/counter/a/
+"""
 
 from __future__ import annotations
 
