@@ -83,12 +83,12 @@ async def serve(
     data: Path,
     bind_host: str,
     port: int,
-    access: dict[str, str],
+    host_options: dict[str, Any],
 ) -> None:
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
-    host = Host(app, FileStorage(data), access=access)
+    host = Host(app, FileStorage(data), **host_options)
     config = Config()
     config.bind = [f"{bind_host}:{port}"]
     config.accesslog = None
@@ -138,16 +138,26 @@ def main(argv: list[str] | None = None) -> None:
         metavar="CLASS=internal",
         help="refuse outside requests to CLASS (repeatable)",
     )
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds (default 30)")
+    p.add_argument("--max-active", type=int, default=10_000, help="actors in memory (10,000)")
+    p.add_argument("--max-pending", type=int, default=1_000, help="waiting events (1,000)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="request bytes (1 MiB)")
     p.add_argument("--log-format", choices=["console", "json"], default="console")
     args = parser.parse_args(argv)
     configure_logging(args.log_format)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")
     app = load_app(args.app)
-    access = parse_access(args.access)
+    host_options: dict[str, Any] = {
+        "access": parse_access(args.access),
+        "idle_timeout": args.idle_timeout,
+        "max_active": args.max_active,
+        "max_pending": args.max_pending,
+        "max_body": args.max_body,
+    }
     data = Path(args.data).resolve()
     try:
-        Host(app, FileStorage(data), access=access)  # validate options before touching disk
+        Host(app, FileStorage(data), **host_options)  # validate options before touching disk
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
     try:
@@ -158,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         ) from None
     _raise_open_file_limit()
     try:
-        trio.run(serve, app, args.app, data, args.host, args.port, access)
+        trio.run(serve, app, args.app, data, args.host, args.port, host_options)
     except* OSError as group:
         first = group.exceptions[0]
         raise SystemExit(f"actorkeep: cannot serve on {args.host}:{args.port}: {first}") from None

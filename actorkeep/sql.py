@@ -10,6 +10,7 @@ from typing import Any
 from .storage import Database
 
 Params = Sequence[Any] | dict[str, Any]
+_ENDS = frozenset({"COMMIT", "END", "COMMIT TRANSACTION", "END TRANSACTION"})
 
 
 class Written:
@@ -49,11 +50,7 @@ class Sql:
         Inside a transaction only ``"COMMIT"`` is accepted: it ends the transaction durably.
         """
         conn = self._conn
-        if conn.in_transaction and sql.strip().upper() not in (
-            "COMMIT",
-            "END",
-            "COMMIT TRANSACTION",
-        ):
+        if conn.in_transaction and sql.strip().rstrip(";").strip().upper() not in _ENDS:
             raise RuntimeError(
                 "exec_durable inside a transaction: run its statements with exec() and end it "
                 "with await exec_durable('COMMIT')"

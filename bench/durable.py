@@ -17,6 +17,16 @@ related KV durable put, which is printed as a reference.
 
 from __future__ import annotations
 
+# Run as a script, this file's directory comes first on sys.path, where bench/http.py and
+# bench/queue.py would shadow the standard library modules of those names (trio imports
+# `queue`). Put the repository root there instead, before anything else is imported.
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+    sys.path[0] = os.path.dirname(_HERE)
+
 import argparse
 import contextlib
 import os

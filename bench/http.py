@@ -19,6 +19,16 @@ is the bottleneck. Target (SPEC §12): actorkeep >= 0.7x the bare app's req/s.
 
 from __future__ import annotations
 
+# Run as a script, this file's directory comes first on sys.path, where bench/http.py and
+# bench/queue.py would shadow the standard library modules of those names (trio imports
+# `queue`). Put the repository root there instead, before anything else is imported.
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+    sys.path[0] = os.path.dirname(_HERE)
+
 import argparse
 import contextlib
 import os
@@ -403,9 +413,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # Run as a script, this file's directory comes first on sys.path, where this very file
-    # would shadow the standard library's ``http`` (which hypercorn imports): move it last.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _here:
-        sys.path.append(sys.path.pop(0))
     main()

@@ -473,6 +473,10 @@ def run_cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
             [COUNTER_APP, "--access", "counter=private"],
             "--access wants CLASS=internal, got 'counter=private'",
         ),
+        (
+            [COUNTER_APP, "--max-pending", "0"],
+            "idle_timeout, max_active, max_pending and max_body must be positive",
+        ),
     ],
     ids=[
         "no-colon",
@@ -483,6 +487,7 @@ def run_cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "unknown-class",
         "no-rule",
         "bad-rule",
+        "bad-limit",
     ],
 )
 def test_cli_errors_are_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -599,3 +604,15 @@ def test_bad_input_is_refused_and_the_host_keeps_serving(tmp_path: Path) -> None
         assert server.count("ledger/x") == 5
         assert add(1) == 6
     assert sqlite_files(data) == {actor_path(data / "actors", "ledger", "x")}
+
+
+def test_limits_from_the_command_line(tmp_path: Path) -> None:
+    with serve(COUNTER_APP, tmp_path / "data", "--max-body", "16") as server:
+        ok = server.post(
+            "/counter/a/_rpc/incr", b'{"by": 1234567}', {"content-type": "application/json"}
+        )
+        assert ok.status == 200
+        big = server.post(
+            "/counter/a/_rpc/incr", b'{"by": 123456789}', {"content-type": "application/json"}
+        )
+        assert big.status == 413

@@ -46,7 +46,7 @@ class Store(ak.Actor):
         with self.sql.transaction():
             for i in range(n):
                 self.sql.exec("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"tx{i}", i))
-            await self.sql.exec_durable("COMMIT")
+            await self.sql.exec_durable("commit;")
 
     @ak.rpc
     async def durable_inside_tx(self) -> str:
