@@ -56,6 +56,8 @@ _RESULT_HEADERS = {  # shared: Headers are read-only
     "json": Headers._from_lower({"content-type": codec.JSON}),
 }
 _DUE_BATCH = 256
+#: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
+INLINE_YIELD_EVERY = 32
 
 _current_actor: ContextVar[Actor] = ContextVar("actorkeep_current_actor")
 
@@ -393,6 +395,7 @@ class Host:
         self._alarms_running: set[str] = set()
         self._evictor_scope: trio.CancelScope | None = None
         self._timeouts = CallTimeouts()
+        self._inline_budget = INLINE_YIELD_EVERY
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -560,7 +563,13 @@ class Host:
         self, address: str, spec: ActorClass, name: str, ev: Event, timeout: float | None
     ) -> Response:
         if ev.inline:
-            await trio.lowlevel.checkpoint()  # every call is a checkpoint, inline or not
+            # Every call can be cancelled here; and the host yields to the scheduler at least
+            # once per INLINE_YIELD_EVERY inline calls, so a loop of them cannot starve others.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._inline_budget -= 1
+            if self._inline_budget <= 0:
+                self._inline_budget = INLINE_YIELD_EVERY
+                await trio.lowlevel.cancel_shielded_checkpoint()
             act = self._activations.get(address)
             if act is not None and act.parked and act.instance is not None:
                 return await self._run_inline(act, ev)

@@ -154,7 +154,7 @@ class Client:
         self.read_cache = read_cache
         self.timeout = timeout
         self._addresses = [f"{class_name}/shard-{i}" for i in range(shards)]
-        self._paths = {op: PREFIX + op for op in ("get", "put", "delete", "list")}
+        self._paths = {op: PREFIX + op for op in ("get", "put", "put-local", "delete", "list")}
 
     def address_of(self, key: bytes | str) -> str:
         """The shard actor that holds ``key``."""
@@ -237,7 +237,12 @@ class Client:
             "l": bool(options.local),
         }
         try:
-            reply = await self._call(k, "put", frame)
+            if frame["l"] and frame["t"] is None:
+                reply = await self._call(k, "put-local", frame)
+                if reply.get("slow"):  # the shard must reserve versions durably first
+                    reply = await self._call(k, "put", frame)
+            else:
+                reply = await self._call(k, "put", frame)
         except Conflict:
             self._forget(k)
             raise

@@ -65,6 +65,14 @@ def check_wire_expect(expect: object) -> int | None:
     return expect
 
 
+_FIELDS = {
+    "get": frozenset({"k"}),
+    "put": frozenset({"k", "v", "x", "t", "l"}),
+    "delete": frozenset({"k", "x"}),
+    "list": frozenset({"p", "a", "n"}),
+}
+
+
 def _bool(frame: dict[str, Any], name: str) -> bool:
     value = frame.get(name, False)
     if not isinstance(value, bool):
@@ -82,9 +90,7 @@ def decode_frame(op: str, body: bytes) -> dict[str, Any]:
         raise ValueError(f"kv frame is not msgpack: {exc}") from None
     if not isinstance(frame, dict):
         raise ValueError("kv frame must be a map")
-    allowed = {"get": {"k"}, "put": {"k", "v", "x", "t", "l"}, "delete": {"k", "x"},
-               "list": {"p", "a", "n"}}[op]  # fmt: skip
-    unknown = set(frame) - allowed
+    unknown = frame.keys() - _FIELDS[op]
     if unknown:
         raise ValueError(f"unknown field(s) in kv {op} frame: {sorted(map(str, unknown))}")
     out: dict[str, Any] = {}

@@ -123,6 +123,31 @@ class KVShard(ak.Actor):
         frame = _decode("put", req.body)
         return frame if isinstance(frame, ak.Response) else await self._put(frame)
 
+    @ak.route("POST", PREFIX + "put-local")
+    async def put_local(self, req: ak.Request) -> ak.Response:
+        """A local put without TTL, answered without waiting for storage (no await, so the host
+        may run it in the caller's task). When the versions reserved durably are used up it
+        answers ``{"slow": true}`` and the client sends the same frame to ``put``."""
+        frame = _decode("put", req.body)
+        if isinstance(frame, ak.Response):
+            return frame
+        if not frame["l"] or frame["t"] is not None:
+            return error_response(400, "BadRequest", "put-local takes local puts without ttl")
+        if self._next_version > self._reserved:
+            return _reply({"slow": True})
+        if frame["x"] is not None:
+            live = self._live(frame["k"], self._now_ms())
+            refused = self._conflict(frame["x"], live[0] if live else None)
+            if refused is not None:
+                return refused
+        version = self._next_version
+        self._next_version = version + 1
+        self.sql.exec(
+            "INSERT OR REPLACE INTO actorkeep_kv VALUES (?, ?, ?, NULL)",
+            (frame["k"], frame["v"], version),
+        )
+        return _reply({"ver": version, "exp": None})
+
     @ak.route("POST", PREFIX + "delete")
     async def delete(self, req: ak.Request) -> ak.Response:
         frame = _decode("delete", req.body)

@@ -263,3 +263,42 @@ async def test_many_timeouts_at_once(
                 assert outcome_ == ["answered", seconds]
         await trio.sleep(10)
         assert len(effects) == 7  # every callee finished its event anyway
+
+
+async def test_a_loop_of_inline_calls_does_not_starve_others(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from actorkeep.host import INLINE_YIELD_EVERY
+
+    ticks = 0
+
+    class Looper(ak.Actor):
+        @ak.rpc
+        async def loop(self, n: int) -> int:
+            ref = self.actors.ref("svc/a")
+            for _ in range(n):
+                await ref.whoami()  # never suspends: runs inline in this task
+            return n
+
+    loop_app = ak.App()
+    loop_app.mount(Service, "svc")
+    loop_app.mount(Looper, "looper")
+    async with open_host(loop_app, data_dir) as host:
+        await host.request("POST", "/svc/a/_rpc/whoami")
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await trio.lowlevel.checkpoint()
+            ticks = 0
+            await host.request("POST", "/looper/l/_rpc/loop", json={"n": 640})
+            # 640 inline calls yield about 640 / INLINE_YIELD_EVERY times; with no yield the
+            # ticker would run only around the request itself (twice).
+            assert INLINE_YIELD_EVERY <= 64
+            assert ticks >= 10
+            nursery.cancel_scope.cancel()
