@@ -21,7 +21,7 @@ VERSION_BLOCK = 1000
 #: Expired rows deleted by one alarm event.
 EXPIRY_BATCH = 500
 
-_MSGPACK = {"content-type": codec.MSGPACK}
+_MSGPACK = ak.Headers({"content-type": codec.MSGPACK})  # shared: Headers are read-only
 
 
 def _reply(obj: Any) -> ak.Response:
