@@ -110,15 +110,11 @@ async def bare_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 async def serve(kind: str, port: int, data: Path) -> None:
     """Serve one side until SIGTERM/SIGINT, configured as ``actorkeep serve`` does."""
-    from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
-    config = Config()
-    config.bind = [f"{LOOPBACK}:{port}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 5.0
-    config.keep_alive_timeout = 30.0
+    from actorkeep.cli import hypercorn_config
+
+    config = hypercorn_config(LOOPBACK, port)
 
     async def run(asgi: Any) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
