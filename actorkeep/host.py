@@ -108,6 +108,14 @@ class Event:
         self.abandoned = False
 
 
+def check_timeout(timeout: float | None) -> None:
+    """``ValueError`` unless ``timeout`` is None or a number of seconds >= 0."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, not {timeout!r}")
+
+
 def _abort_park(_: Any) -> Abort:
     return Abort.SUCCEEDED
 
@@ -140,13 +148,16 @@ class CallTimeouts:
         timeout = ev.timeout
         if timeout is not None:
             ev.timeout = None
-            del self._by_timeout[timeout][ev]
+            pending = self._by_timeout[timeout]
+            del pending[ev]
+            if not pending:  # callers may use many timeout values: keep only live ones
+                del self._by_timeout[timeout]
 
     async def watch(self) -> None:
         while True:
             now = trio.current_time()
             earliest = math.inf
-            for timeout, pending in self._by_timeout.items():
+            for timeout, pending in list(self._by_timeout.items()):
                 while pending:
                     ev, deadline = next(iter(pending.items()))
                     if deadline > now:
@@ -161,6 +172,8 @@ class CallTimeouts:
                         reschedule(
                             waiter, outcome.Error(CallTimeout(f"no answer within {timeout} s"))
                         )
+                if not pending:
+                    del self._by_timeout[timeout]
             with trio.CancelScope(deadline=earliest) as scope:
                 self._scope = scope
                 await trio.sleep_forever()
@@ -496,6 +509,7 @@ class Host:
         decode) happens here, before the actor is created. ``max_body`` is the front's limit on
         outside requests; calls between actors carry what the callee itself accepts.
         """
+        check_timeout(timeout)
         spec = self.classes.get(class_name)
         if spec is None:
             return error_response(404, "NotFound", f"no actor class {class_name!r}")
@@ -535,6 +549,7 @@ class Host:
         The same rules as ``call`` to ``POST /_rpc/<method>`` with a msgpack body, without
         building an HTTP-shaped request: rpc handlers only see their arguments.
         """
+        check_timeout(timeout)
         act = self._activations.get(address)
         if act is not None:
             spec, name = act.spec, act.name

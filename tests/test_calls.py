@@ -302,3 +302,17 @@ async def test_a_loop_of_inline_calls_does_not_starve_others(
             assert INLINE_YIELD_EVERY <= 64
             assert ticks >= 10
             nursery.cancel_scope.cancel()
+
+
+async def test_timeout_values_are_checked_and_forgotten(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        for bad in [-1, float("nan"), "5", True]:
+            with pytest.raises(ValueError, match="timeout"):
+                await host.call_as("tester/t", "svc/a", "POST", "/_rpc/whoami", timeout=bad)  # type: ignore[arg-type]
+        for i in range(50):  # many distinct timeout values, as a caller with a deadline uses
+            await host.call_as(
+                "tester/t", "svc/s", "POST", "/_rpc/slow", b'{"seconds": 0.1}', timeout=10 + i / 7
+            )
+        assert host.host._timeouts._by_timeout == {}
