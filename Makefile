@@ -18,11 +18,12 @@ $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.run-deps
 
 run: $(VENV)/.run-deps
-	@echo "Serving examples/counter on http://127.0.0.1:8080 (data in ./data). Try, in another shell:"
-	@echo "  curl -X POST http://127.0.0.1:8080/counter/a/_rpc/incr -H 'content-type: application/json' -d '{\"by\": 2}'"
-	@echo "  curl http://127.0.0.1:8080/counter/a/"
-	@echo "Stop with Ctrl-C."
-	$(BIN)/actorkeep serve examples.counter.app:app --data ./data --host 127.0.0.1 --port 8080
+	@echo "Serving examples/jobs on http://127.0.0.1:8080 (data in ./data). Try, in another shell:"
+	@echo "  curl -X PUT http://127.0.0.1:8080/api/main/settings/endpoint -d 'https://example.com/hook'"
+	@echo "  curl -X POST http://127.0.0.1:8080/api/main/events -H 'content-type: application/json' -d '{\"type\": \"signup\"}'"
+	@echo "  curl http://127.0.0.1:8080/deliverer/main/deliveries"
+	@echo "Stop with Ctrl-C. README.md has more."
+	$(BIN)/actorkeep serve examples.jobs.app:app --data ./data --host 127.0.0.1 --port 8080
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check .

@@ -14,7 +14,9 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-@pytest.mark.parametrize("name", ["rpc", pytest.param("http", marks=pytest.mark.slow), "durable"])
+@pytest.mark.parametrize(
+    "name", ["rpc", pytest.param("http", marks=pytest.mark.slow), "durable", "queue"]
+)
 def test_bench_quick_run(name: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH / f"{name}.py"), "--quick"],

@@ -1,0 +1,144 @@
+"""The jobs example: settings in KV, webhook jobs through a push queue, and a pull worker.
+
+- ``api/main`` (public) keeps settings in the KV and turns events into webhook jobs.
+- ``queue/webhooks`` pushes each job to ``deliverer/main``, which posts it to the endpoint kept
+  in the settings. A job whose delivery fails is retried with backoff, then dead-lettered.
+- ``queue/reports`` is pulled by ``worker/main``, whose alarm leases a batch every second.
+
+The example makes no outbound HTTP request (it has no network and actorkeep has no HTTP client
+dependency): ``Deliverer.post`` records the request it would send. Put your HTTP client there.
+
+    make run
+    curl -X PUT localhost:8080/api/main/settings/endpoint -d 'https://example.com/hook'
+    curl -X POST localhost:8080/api/main/events -H 'content-type: application/json' \\
+         -d '{"type": "signup", "user": "ada"}'
+    curl localhost:8080/deliverer/main/deliveries
+"""
+
+from __future__ import annotations
+
+import json
+
+import actorkeep as ak
+import queues
+import shards
+
+app = ak.App()
+app.mount(shards.KVShard, "kv", access="internal", allow=["api", "deliverer"])
+app.mount(queues.Queue, "queue", access="internal", allow=["api", "worker"])
+
+settings = ak.kv.Client("kv", shards=4, read_cache=5.0)
+webhooks = ak.queue.Client("queue/webhooks")
+reports = ak.queue.Client("queue/reports")
+
+WEBHOOKS = ak.queue.Config(consumer="deliverer/main", batch_size=10, max_attempts=5)
+POLL_EVERY = 1.0  # seconds between the pull worker's leases when the queue is empty
+
+
+@app.actor("api")
+class Api(ak.Actor):
+    """The public front: settings, events, report jobs, queue stats."""
+
+    async def setup(self) -> None:
+        await webhooks.configure(WEBHOOKS)  # stored durably in the queue; idempotent
+        await self.actors.call("worker/main", "POST", "/start")
+
+    @ak.route("PUT", "/settings/{name}")
+    async def put_setting(self, req: ak.Request, name: str) -> ak.Response:
+        version = await settings.put(f"settings/{name}", req.body)
+        return ak.Response.json({"name": name, "version": version})
+
+    @ak.route("GET", "/settings/{name}")
+    async def get_setting(self, req: ak.Request, name: str) -> ak.Response:
+        entry = await settings.get_fresh(f"settings/{name}")
+        if entry is None:
+            return ak.Response.json({"error": "NotFound", "message": name}, status=404)
+        return ak.Response.json({"value": entry.value.decode(), "version": entry.version})
+
+    @ak.route("POST", "/events")
+    async def event(self, req: ak.Request) -> ak.Response:
+        try:
+            event = req.json()
+        except ValueError:
+            return ak.Response.json({"error": "BadRequest", "message": "want JSON"}, status=400)
+        job_id = await webhooks.send(json.dumps(event).encode())  # durable when it returns
+        return ak.Response.json({"job": job_id}, status=202)
+
+    @ak.route("POST", "/reports")
+    async def report(self, req: ak.Request) -> ak.Response:
+        job_id = await reports.send(req.body)
+        return ak.Response.json({"job": job_id}, status=202)
+
+    @ak.route("GET", "/stats")
+    async def stats(self, req: ak.Request) -> ak.Response:
+        out = {}
+        for name, queue in (("webhooks", webhooks), ("reports", reports)):
+            st = await queue.stats()
+            out[name] = {"ready": st.ready, "delayed": st.delayed, "leased": st.leased,
+                         "dead": st.dead}  # fmt: skip
+        return ak.Response.json(out)
+
+
+@app.actor("deliverer")
+class Deliverer(ak.Actor):
+    """The push consumer of ``queue/webhooks``. Deliveries from outside are refused (403)."""
+
+    async def setup(self) -> None:
+        self.sql.exec(
+            "CREATE TABLE IF NOT EXISTS deliveries (job INTEGER, attempt INTEGER, "
+            "endpoint TEXT, body TEXT, at REAL, PRIMARY KEY (job, attempt))"
+        )
+
+    @ak.queue.consumer(queues=["queue/webhooks"])
+    async def deliver(self, message: ak.queue.Lease) -> ak.queue.RetryLater | None:
+        endpoint = await settings.get("settings/endpoint")
+        if endpoint is None:
+            return ak.queue.RetryLater(30.0)  # not configured yet: try again later
+        event = json.loads(message.body)
+        if event.get("fail"):
+            raise RuntimeError("the endpoint answered 500")  # retried with backoff, then dead
+        self.post(endpoint.value.decode(), message)
+        return None  # acknowledged
+
+    def post(self, endpoint: str, message: ak.queue.Lease) -> None:
+        """Record the POST this example would send (a real app calls its HTTP client here)."""
+        self.sql.exec(
+            "INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?)",
+            (message.id, message.attempt, endpoint, message.body.decode(), self.now()),
+        )
+
+    @ak.route("GET", "/deliveries")
+    async def deliveries(self, req: ak.Request) -> ak.Response:
+        rows = self.sql.exec(
+            "SELECT job, attempt, endpoint, body FROM deliveries ORDER BY job"
+        ).fetchall()
+        return ak.Response.json(
+            [{"job": j, "attempt": a, "endpoint": e, "body": json.loads(b)} for j, a, e, b in rows]
+        )
+
+
+@app.actor("worker")
+class Worker(ak.Actor):
+    """A pull worker: its alarm leases report jobs, counts their words and acks them."""
+
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS results (job INTEGER PRIMARY KEY, words INTEGER)")
+
+    @ak.route("POST", "/start")
+    async def start(self, req: ak.Request) -> ak.Response:
+        if self.get_alarm() is None:
+            await self.set_alarm(self.now())
+        return ak.Response(204)
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        leases = await reports.lease(max=10, visibility=30.0)
+        for lease in leases:
+            words = len(lease.body.split())
+            self.sql.exec("INSERT OR REPLACE INTO results VALUES (?, ?)", (lease.id, words))
+            await reports.ack(lease.id, lease.attempt)
+        await self.set_alarm(self.now() + (0 if leases else POLL_EVERY))
+
+    @ak.route("GET", "/results")
+    async def results(self, req: ak.Request) -> ak.Response:
+        rows = self.sql.exec("SELECT job, words FROM results ORDER BY job").fetchall()
+        return ak.Response.json([{"job": j, "words": w} for j, w in rows])

@@ -1,0 +1,8 @@
+"""The queue actor class (SPEC §8): deploy with ``app.mount(queues.Queue, "queue")``.
+
+Talk to it with ``ak.queue.Client("queue/<name>")`` from inside an actor's event.
+"""
+
+from .queue import Queue
+
+__all__ = ["Queue"]

@@ -1,0 +1,511 @@
+"""``queues.Queue``: one actor per queue (SPEC §8, decision records 0015 and docs/decisions/0008).
+
+Messages live in ``actorkeep_queue``. One time column, ``visible_at``, orders and schedules
+everything: a ready message has ``visible_at <= now``; a delayed one has ``visible_at > now``
+and ``leased = 0``; a leased one has ``visible_at > now`` (the lease's end) and ``leased = 1``.
+A lease that runs out is simply visible again (``visible_at <= now``), with ``leased`` still 1
+until it is leased again or retried, so ``(id, attempts)`` stays the current lease until then.
+
+Sends are one durable multi-row INSERT. Lease, settle and extend use plain writes: losing one
+in a crash means a message is delivered again, which at-least-once allows. Dead-lettering moves
+rows in one transaction. The one alarm is kept at the earliest time anything is due: the next
+visible message and lease end (push queues), the end of a lease on its last attempt (every
+queue: it must reach the dead letters), and the next dead letter past its retention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+
+import actorkeep as ak
+from actorkeep import codec
+from actorkeep.errors import CallTimeout, RemoteError
+from actorkeep.http import Headers, error_response
+from actorkeep.queue import (
+    DELIVER_PATH,
+    MAX_BATCH,
+    MAX_ERROR,
+    MAX_ID,
+    MSGPACK_HEADERS,
+    PREFIX,
+    Ack,
+    Config,
+    Lease,
+    Outcome,
+    Retry,
+    State,
+    backoff,
+    check_attempt,
+    check_bodies,
+    check_id,
+    check_ids,
+    check_int,
+    check_list,
+    check_map,
+    check_positive_seconds,
+    check_priority,
+    check_seconds,
+    decode_frame,
+    encode_deliver,
+    lease_to_wire,
+    outcome_from_wire,
+    parse_reply,
+)
+
+MAX_ATTEMPTS_REASON = "max attempts exceeded"
+_REPLY_HEADERS = Headers._from_lower(dict(MSGPACK_HEADERS))
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL,
+        visible_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        leased INTEGER NOT NULL DEFAULT 0)""",
+    # the lease order
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_order "
+    "ON actorkeep_queue (priority DESC, visible_at, id)",
+    # the next due time of a push queue
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_visible ON actorkeep_queue (visible_at)",
+    # messages out of attempts (few): the dead-letter sweep and its due time
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_attempts ON actorkeep_queue (attempts, visible_at)",
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_dead (
+        id INTEGER PRIMARY KEY,
+        body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL,
+        attempts INTEGER NOT NULL,
+        failed_at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_dead_failed ON actorkeep_queue_dead (failed_at)",
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_config (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        consumer TEXT,
+        batch_size INTEGER NOT NULL,
+        visibility REAL NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        backoff_base REAL NOT NULL,
+        backoff_max REAL NOT NULL,
+        dead_retention REAL)""",
+)
+
+_CONFIG_COLUMNS = (
+    "consumer, batch_size, visibility, max_attempts, backoff_base, backoff_max, dead_retention"
+)
+_INSERT_ROW = "(?, ?, ?, ?)"
+
+Op = Callable[["Queue", dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class Queue(ak.Actor):
+    """A durable queue: pull (``lease``/``ack``) or push (``Config(consumer=...)``).
+
+    Answers only other actors (``callers_only``); ``allow=[...]`` at mount narrows the callers.
+    """
+
+    callers_only: ClassVar[bool] = True
+    cfg: Config
+
+    async def setup(self) -> None:
+        for statement in SCHEMA:
+            self.sql.exec(statement)
+        row = self.sql.exec(
+            f"SELECT {_CONFIG_COLUMNS} FROM actorkeep_queue_config WHERE id = 0"
+        ).fetchone()
+        self.cfg = Config(*row) if row is not None else Config()
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    @ak.route("POST", PREFIX + "/{op}")
+    async def frame(self, req: ak.Request, op: str) -> ak.Response:
+        """One operation: a msgpack map in, a msgpack map out; 400 for a bad frame."""
+        if req.caller is None:
+            return error_response(403, "Forbidden", "queues answer only other actors")
+        handler = _OPS.get(op)
+        if handler is None:
+            return error_response(404, "NotFound", f"no queue operation {op!r}")
+        try:
+            args = decode_frame(req.body)
+            if not isinstance(args, dict):
+                raise ValueError(f"{op}: the frame must be a map")
+            reply = await handler(self, args)
+        except ValueError as exc:
+            return error_response(400, "BadRequest", str(exc))
+        return ak.Response(200, _REPLY_HEADERS, codec.pack(reply))
+
+    async def _op_send(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "send", {"bodies", "delay", "priority"}, ("bodies",))
+        bodies = check_bodies(m["bodies"])
+        delay = check_seconds(m.get("delay", 0.0), "delay")
+        priority = check_priority(m.get("priority", 0))
+        return {"ids": await self.send(bodies, delay, priority)}
+
+    async def _op_lease(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "lease", {"max", "visibility"}, ("max", "visibility"))
+        n = check_int(m["max"], "max", 1, MAX_BATCH)
+        visibility = check_positive_seconds(m["visibility"], "visibility")
+        leases = self.lease(self.now(), n, visibility)
+        await self._arm_after_lease(leases, visibility)
+        return {"leases": [lease_to_wire(x) for x in leases]}
+
+    async def _op_settle(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "settle", {"outcomes"}, ("outcomes",))
+        outcomes = [
+            outcome_from_wire(o) for o in check_list(m["outcomes"], "outcomes", 1, MAX_BATCH)
+        ]
+        results, earliest = self.settle(self.now(), outcomes)
+        if earliest is not None and self.cfg.consumer is not None:
+            await self._arm_by(earliest)
+        return {"results": results}
+
+    async def _op_extend(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "extend", {"id", "attempt", "visibility"}, ("id", "attempt", "visibility"))
+        i, attempt = check_id(m["id"]), check_attempt(m["attempt"])
+        visibility = check_positive_seconds(m["visibility"], "visibility")
+        until = self.now() + visibility
+        cur = self.sql.exec(
+            "UPDATE actorkeep_queue SET visible_at = ? "
+            "WHERE id = ? AND leased = 1 AND attempts = ?",
+            (until, i, attempt),
+        )
+        ok = cur.rowcount == 1
+        if ok and (self.cfg.consumer is not None or attempt >= self.cfg.max_attempts):
+            await self._arm_by(until)
+        return {"ok": ok}
+
+    async def _op_cancel(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "cancel", {"id"}, ("id",))
+        i = check_id(m["id"])
+        written = await self.sql.exec_durable("DELETE FROM actorkeep_queue WHERE id = ?", (i,))
+        return {"ok": written.rowcount == 1}
+
+    async def _op_get(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "get", {"id"}, ("id",))
+        i = check_id(m["id"])
+        now = self.now()
+        self.sweep_now(now)
+        row = self.sql.exec(
+            "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased "
+            "FROM actorkeep_queue WHERE id = ?",
+            (i,),
+        ).fetchone()
+        if row is not None:
+            attempts, visible_at, last_error, priority, enqueued_at, body, leased = row
+            state: State = "ready" if visible_at <= now else "leased" if leased else "delayed"
+            job: dict[str, Any] = {
+                "id": i,
+                "state": state,
+                "attempts": attempts,
+                "visible_at": visible_at,
+                "last_error": last_error,
+                "priority": priority,
+                "enqueued_at": enqueued_at,
+                "body": body,
+                "failed_at": None,
+            }
+            return {"job": job}
+        row = self.sql.exec(
+            "SELECT attempts, reason, priority, enqueued_at, body, failed_at "
+            "FROM actorkeep_queue_dead WHERE id = ?",
+            (i,),
+        ).fetchone()
+        if row is None:
+            return {"job": None}
+        attempts, reason, priority, enqueued_at, body, failed_at = row
+        return {
+            "job": {
+                "id": i,
+                "state": "dead",
+                "attempts": attempts,
+                "visible_at": None,
+                "last_error": reason,
+                "priority": priority,
+                "enqueued_at": enqueued_at,
+                "body": body,
+                "failed_at": failed_at,
+            }
+        }
+
+    async def _op_stats(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "stats", set())
+        now = self.now()
+        self.sweep_now(now)
+        ready, delayed, leased, oldest = self.sql.exec(
+            "SELECT COALESCE(SUM(visible_at <= :now), 0), "
+            "COALESCE(SUM(visible_at > :now AND leased = 0), 0), "
+            "COALESCE(SUM(visible_at > :now AND leased = 1), 0), "
+            "MIN(CASE WHEN visible_at <= :now THEN enqueued_at END) FROM actorkeep_queue",
+            {"now": now},
+        ).fetchone()
+        (dead,) = self.sql.exec("SELECT COUNT(*) FROM actorkeep_queue_dead").fetchone()
+        return {
+            "ready": ready,
+            "delayed": delayed,
+            "leased": leased,
+            "dead": dead,
+            "oldest_ready_age": None if oldest is None else max(0.0, now - oldest),
+        }
+
+    async def _op_dead_letters(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "dead_letters", {"limit", "after"})
+        limit = check_int(m.get("limit", 100), "limit", 1, MAX_BATCH)
+        after = m.get("after")
+        after = 0 if after is None else check_int(after, "after", 0, MAX_ID)
+        self.sweep_now(self.now())
+        rows = self.sql.exec(
+            "SELECT id, body, enqueued_at, attempts, failed_at, reason FROM actorkeep_queue_dead "
+            "WHERE id > ? ORDER BY id LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        return {"items": [list(r) for r in rows]}
+
+    async def _op_redrive(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "redrive", {"ids"})
+        ids = None if m.get("ids") is None else check_ids(m["ids"])
+        now = self.now()
+        self.sweep_now(now)
+        where = ""
+        params: tuple[int, ...] = ()
+        if ids is not None:
+            where, params = f"WHERE id IN ({','.join('?' * len(ids))})", tuple(ids)
+        with self.sql.transaction():
+            cur = self.sql.exec(
+                "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) "
+                f"SELECT body, enqueued_at, ?, priority FROM actorkeep_queue_dead {where} "
+                "ORDER BY id",
+                (now, *params),
+            )
+            count = cur.rowcount
+            self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
+            await self.sql.exec_durable("COMMIT")
+        if count and self.cfg.consumer is not None:
+            await self._arm_by(now)
+        return {"count": count}
+
+    async def _op_configure(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "configure", {"config"}, ("config",))
+        cfg = Config.from_wire(m["config"])
+        if cfg.consumer == self.address:
+            raise ValueError("a queue cannot be its own consumer")
+        w = cfg.to_wire()
+        await self.sql.exec_durable(
+            f"INSERT OR REPLACE INTO actorkeep_queue_config (id, {_CONFIG_COLUMNS}) "
+            "VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
+            tuple(w[k] for k in _CONFIG_COLUMNS.split(", ")),
+        )
+        self.cfg = cfg
+        due = self.next_due()
+        if due is not None:
+            await self._arm_by(due)
+        return {}
+
+    async def _op_config(self, m: dict[str, Any]) -> dict[str, Any]:
+        check_map(m, "config", set())
+        return {"config": self.cfg.to_wire()}
+
+    # -- the operations ----------------------------------------------------------------------
+
+    async def send(self, bodies: list[bytes], delay: float, priority: int) -> list[int]:
+        """Insert the messages in one durable statement; their ids in order."""
+        now = self.now()
+        visible_at = now + delay
+        if self.cfg.consumer is not None:
+            # Arm before the insert: a crash between the two leaves an alarm with nothing to
+            # do, never a message that waits for an alarm that was never set.
+            await self._arm_by(visible_at)
+        params: list[Any] = []
+        for body in bodies:
+            params += (body, now, visible_at, priority)
+        written = await self.sql.exec_durable(
+            "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) VALUES "
+            + ",".join([_INSERT_ROW] * len(bodies))
+            + " RETURNING id",
+            params,
+        )
+        # One statement by one writer: the ids are consecutive, in the order of the rows.
+        return sorted(r[0] for r in written.rows)
+
+    def lease(self, now: float, n: int, visibility: float) -> list[Lease]:
+        """Lease up to ``n`` visible messages until ``now + visibility`` (plain writes)."""
+        with self.sql.transaction():
+            self.sweep(now)
+            rows = self.sql.exec(
+                "SELECT id, attempts, body, enqueued_at FROM actorkeep_queue "
+                "WHERE visible_at <= ? ORDER BY priority DESC, visible_at, id LIMIT ?",
+                (now, n),
+            ).fetchall()
+            if rows:
+                self.sql.exec(
+                    "UPDATE actorkeep_queue SET attempts = attempts + 1, leased = 1, "
+                    f"visible_at = ? WHERE id IN ({','.join('?' * len(rows))})",
+                    (now + visibility, *(r[0] for r in rows)),
+                )
+        return [
+            Lease(i, attempts + 1, body, enqueued_at) for i, attempts, body, enqueued_at in rows
+        ]
+
+    def settle(self, now: float, outcomes: list[Outcome]) -> tuple[list[bool], float | None]:
+        """Apply acks and retries of current leases; the results and the earliest new
+        ``visible_at`` a retry set (None if none)."""
+        cfg = self.cfg
+        results: list[bool] = []
+        earliest: float | None = None
+        exec_ = self.sql.exec
+        with self.sql.transaction():
+            for o in outcomes:
+                row = exec_(
+                    "SELECT attempts, last_error FROM actorkeep_queue "
+                    "WHERE id = ? AND leased = 1 AND attempts = ?",
+                    (o.id, o.attempt),
+                ).fetchone()
+                if row is None:
+                    results.append(False)  # stale: leased again since, settled, or gone
+                    continue
+                results.append(True)
+                if isinstance(o, Ack):
+                    exec_("DELETE FROM actorkeep_queue WHERE id = ?", (o.id,))
+                    continue
+                attempts, last_error = row
+                error = o.error if o.error is not None else last_error
+                if attempts >= cfg.max_attempts:  # it could never be leased again
+                    self._bury("id = ?", (o.id,), now, error)
+                    continue
+                if o.delay is not None:
+                    delay = o.delay
+                else:
+                    delay = backoff(attempts, cfg.backoff_base, cfg.backoff_max, self.rng.random())
+                visible_at = now + delay
+                exec_(
+                    "UPDATE actorkeep_queue SET leased = 0, visible_at = ?, last_error = ? "
+                    "WHERE id = ?",
+                    (visible_at, error, o.id),
+                )
+                earliest = visible_at if earliest is None else min(earliest, visible_at)
+        return results, earliest
+
+    def _bury(self, where: str, params: tuple[Any, ...], now: float, error: str | None) -> int:
+        """Move the messages matching ``where`` to the dead letters (inside a transaction)."""
+        cur = self.sql.exec(
+            "INSERT INTO actorkeep_queue_dead "
+            "(id, body, enqueued_at, attempts, failed_at, reason, priority) "
+            "SELECT id, body, enqueued_at, attempts, ?, COALESCE(?, last_error, ?), priority "
+            f"FROM actorkeep_queue WHERE {where}",
+            (now, error, MAX_ATTEMPTS_REASON, *params),
+        )
+        self.sql.exec(f"DELETE FROM actorkeep_queue WHERE {where}", params)
+        return cur.rowcount
+
+    def sweep(self, now: float) -> None:
+        """Inside a transaction: dead-letter visible messages that are out of attempts (a
+        lease that ran out on its last attempt included) and drop dead letters past
+        retention."""
+        cfg = self.cfg
+        self._bury("attempts >= ? AND visible_at <= ?", (cfg.max_attempts, now), now, None)
+        if cfg.dead_retention is not None:
+            self.sql.exec(
+                "DELETE FROM actorkeep_queue_dead WHERE failed_at <= ?", (now - cfg.dead_retention,)
+            )
+
+    def sweep_now(self, now: float) -> None:
+        with self.sql.transaction():
+            self.sweep(now)
+
+    def next_due(self) -> float | None:
+        """The earliest time the alarm has something to do, or None."""
+        cfg = self.cfg
+        exec_ = self.sql.exec
+        if cfg.consumer is not None:
+            (due,) = exec_("SELECT MIN(visible_at) FROM actorkeep_queue").fetchone()
+        else:
+            (due,) = exec_(
+                "SELECT MIN(visible_at) FROM actorkeep_queue WHERE attempts >= ?",
+                (cfg.max_attempts,),
+            ).fetchone()
+        if cfg.dead_retention is not None:
+            (failed,) = exec_("SELECT MIN(failed_at) FROM actorkeep_queue_dead").fetchone()
+            if failed is not None:
+                expiry = failed + cfg.dead_retention
+                due = expiry if due is None else min(due, expiry)
+        return float(due) if due is not None else None
+
+    async def _arm_by(self, at: float) -> None:
+        """Make sure the alarm fires no later than ``at`` (set it only if that moves it)."""
+        current = self.get_alarm()
+        if current is None or current > at:
+            await self.set_alarm(at)
+
+    async def _arm_after_lease(self, leases: list[Lease], visibility: float) -> None:
+        if not leases:
+            return
+        cfg = self.cfg
+        if cfg.consumer is not None or any(x.attempt >= cfg.max_attempts for x in leases):
+            await self._arm_by(self.now() + visibility)
+
+    # -- push delivery ---------------------------------------------------------------------
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        """Sweep; push one batch to the consumer; set the alarm for the next due time."""
+        cfg = self.cfg
+        now = self.now()
+        self.sweep_now(now)
+        if cfg.consumer is not None:
+            leases = self.lease(now, cfg.batch_size, cfg.visibility)
+            if leases:
+                await self._push(cfg.consumer, cfg.visibility, leases)
+        due = self.next_due()
+        if due is not None:
+            # Always set: an alarm left untouched by its own event is cleared by the host.
+            await self.set_alarm(due)
+
+    async def _push(self, consumer: str, visibility: float, leases: list[Lease]) -> None:
+        """One delivery call; apply the outcomes, or retry the whole batch with backoff."""
+        failure: str
+        try:
+            resp = await self.actors.call(
+                consumer,
+                "POST",
+                DELIVER_PATH,
+                encode_deliver(self.address, leases),
+                headers=MSGPACK_HEADERS,
+                timeout=visibility,
+            )
+        except (RemoteError, CallTimeout) as exc:
+            failure = f"delivery to {consumer} failed: {type(exc).__name__}: {exc}"
+        else:
+            if 200 <= resp.status < 300:
+                try:
+                    outcomes = parse_reply(resp.body)
+                except ValueError as exc:
+                    failure = f"delivery to {consumer}: bad reply: {exc}"
+                else:
+                    batch = {(x.id, x.attempt) for x in leases}
+                    # The queue was busy while the consumer ran, so nobody leased these
+                    # since: their outcomes apply even if the leases ran out meanwhile.
+                    self.settle(self.now(), [o for o in outcomes if (o.id, o.attempt) in batch])
+                    return
+            else:
+                snippet = resp.body[:300].decode("utf-8", "replace")
+                failure = f"delivery to {consumer} answered {resp.status}: {snippet}"
+        retries: list[Outcome] = [Retry(x.id, x.attempt, None, failure[:MAX_ERROR]) for x in leases]
+        self.settle(self.now(), retries)
+
+
+_OPS: dict[str, Op] = {
+    "send": Queue._op_send,
+    "lease": Queue._op_lease,
+    "settle": Queue._op_settle,
+    "extend": Queue._op_extend,
+    "cancel": Queue._op_cancel,
+    "get": Queue._op_get,
+    "stats": Queue._op_stats,
+    "dead_letters": Queue._op_dead_letters,
+    "redrive": Queue._op_redrive,
+    "configure": Queue._op_configure,
+    "config": Queue._op_config,
+}
+
+__all__ = ["MAX_ATTEMPTS_REASON", "SCHEMA", "Queue"]

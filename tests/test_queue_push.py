@@ -1,0 +1,282 @@
+"""Queues, push side: the alarm-driven delivery of SPEC §8 and the consumer helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import actorkeep as ak
+from actorkeep import codec
+from actorkeep.queue import DELIVER_PATH, Config, Lease, RetryLater, encode_deliver
+from actorkeep.testing import open_host
+from tests.queue_support import Remote, alarm_of, app, deliveries, inside, now, picky_seen
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    deliveries.clear()
+    picky_seen.clear()
+
+
+def seen_ids() -> list[int]:
+    return [s[1] for s in deliveries.seen]
+
+
+async def test_push_delivers_in_batches_and_goes_quiet(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w", batch_size=4))
+        assert alarm_of(host) is None  # nothing to do yet
+        ids = await q.send_batch([f"{i}".encode() for i in range(10)])
+        assert alarm_of(host) is not None  # the send armed the alarm
+        await trio.sleep(1)
+        assert seen_ids() == ids
+        assert {s[2] for s in deliveries.seen} == {1}
+        st = await q.stats()
+        assert (st.ready, st.delayed, st.leased) == (0, 0, 0)
+        assert alarm_of(host) is None  # a quiet queue has no alarm
+
+
+async def test_each_batch_is_its_own_event(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """While batches are pushed, a send waits for one batch at most, not for the whole
+    backlog (batches alternate with other events)."""
+
+    async def slow(actor: ak.Actor, msg: Lease) -> None:
+        await trio.sleep(1)  # 10 s per batch of 10
+
+    deliveries.behaviour["worker/w"] = slow
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w", batch_size=10))
+        await q.send_batch([b"x"] * 50)
+        await trio.sleep(0.5)  # the first batch is running
+        t = now(host)
+        await q.send(b"late")
+        assert now(host) - t <= 10.0 + 1e-6
+        assert len(deliveries.seen) <= 20
+        await trio.sleep(100)
+        assert len(deliveries.seen) == 51
+
+
+async def test_handler_outcomes(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """Returning acks, raising retries with backoff and records the error, RetryLater(d)
+    retries after d."""
+
+    async def behave(actor: ak.Actor, msg: Lease) -> RetryLater | None:
+        if msg.body == b"raise" and msg.attempt < 3:
+            raise RuntimeError(f"failure {msg.attempt}")
+        if msg.body == b"later" and msg.attempt == 1:
+            return RetryLater(100)
+        return None
+
+    deliveries.behaviour["worker/w"] = behave
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w"))
+        t0 = now(host)
+        ok, failing, later = await q.send_batch([b"ok", b"raise", b"later"])
+        await trio.sleep(0.1)
+        job = await q.get(failing)
+        assert (job.state, job.attempts, job.last_error) == (
+            "delayed",
+            1,
+            "RuntimeError: failure 1",
+        )
+        assert 0.5 <= job.visible_at - t0 <= 1.0 + 1e-6  # backoff after the first attempt
+        assert (await q.get(later)).visible_at == pytest.approx(t0 + 100)
+        assert await q.get(ok) is None
+        await trio.sleep(10)
+        assert await q.get(failing) is None  # third attempt succeeded
+        assert [s[2] for s in deliveries.seen if s[1] == failing] == [1, 2, 3]
+        assert [s[2] for s in deliveries.seen if s[1] == later] == [1]
+        await trio.sleep(90)
+        assert [(s[2], s[4] - t0 >= 100) for s in deliveries.seen if s[1] == later] == [
+            (1, False),
+            (2, True),
+        ]
+        assert await q.get(later) is None
+        assert alarm_of(host) is None
+
+
+async def test_failing_consumer_retries_the_whole_batch_then_dead_letters(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        # "nobody/x" is no actor class: every delivery is refused with 404
+        await q.configure(Config(consumer="nobody/x", batch_size=2, max_attempts=3))
+        a, b = await q.send_batch([b"a", b"b"])
+        await trio.sleep(0.01)
+        for i in (a, b):
+            job = await q.get(i)
+            assert job.state == "delayed" and job.attempts == 1
+            assert "nobody/x" in (job.last_error or "") and "404" in (job.last_error or "")
+        await trio.sleep(60)
+        dead = await q.dead_letters()
+        assert [(d.id, d.attempts) for d in dead] == [(a, 3), (b, 3)]
+        assert "404" in dead[0].reason
+        assert alarm_of(host) is None
+
+
+async def test_consumer_that_refuses_the_queue(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A consumer whose handler is limited to other queues answers 403: the batch retries."""
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/not-listed")
+        await q.configure(Config(consumer="picky/p", max_attempts=1))
+        i = await q.send(b"x")
+        await trio.sleep(1)
+        job = await q.get(i)
+        assert job.state == "dead" and "403" in (job.last_error or "")
+        ok = Remote(host, "queue/listed")
+        await ok.configure(Config(consumer="picky/p"))
+        j = await ok.send(b"y")
+        await trio.sleep(1)
+        assert await ok.get(j) is None
+        assert picky_seen == [b"y"]
+
+
+async def test_unmentioned_messages_wait_out_their_visibility(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="silent/s", visibility=20, max_attempts=2))
+        t0 = now(host)
+        i = await q.send(b"x")
+        await trio.sleep(1)
+        assert (await q.get(i)).state == "leased"
+        await trio.sleep(30)
+        assert [(s[2], round(s[4] - t0)) for s in deliveries.seen] == [(1, 0), (2, 20)]
+        assert (await q.get(i)).state == "leased"  # the second lease ends at 40
+        await trio.sleep(10)
+        job = await q.get(i)  # its last lease ran out: dead, not in limbo
+        assert (job.state, job.last_error) == ("dead", "max attempts exceeded")
+        assert alarm_of(host) is None
+
+
+async def test_push_resumes_after_a_restart(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w"))
+        ids = await q.send_batch([b"1", b"2"], delay=60)
+        await host.restart()
+        await trio.sleep(59)
+        assert deliveries.seen == []
+        await trio.sleep(2)
+        assert seen_ids() == ids
+
+
+async def test_configuring_a_consumer_arms_pending_messages(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        ids = await q.send_batch([b"1", b"2"])
+        assert alarm_of(host) is None  # pull queue: no alarm for ready messages
+        await q.configure(Config(consumer="worker/w"))
+        await trio.sleep(1)
+        assert seen_ids() == ids
+        await q.configure(Config())  # back to pull
+        await q.send(b"3")
+        await trio.sleep(10)
+        assert seen_ids() == ids
+
+
+async def test_pull_and_push_share_the_lease_rules(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A message leased by pull on a push queue is pushed once its lease runs out."""
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        i = await q.send(b"x")
+        await q.lease(max=1, visibility=30)
+        await q.configure(Config(consumer="worker/w"))
+        await trio.sleep(29)
+        assert deliveries.seen == []
+        await trio.sleep(2)
+        assert [(s[1], s[2]) for s in deliveries.seen] == [(i, 2)]
+
+
+async def test_consumer_calling_its_queue_is_refused(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Re-entry: the queue waits on the consumer, so the consumer cannot call it back."""
+    errors: list[str] = []
+
+    async def reenter(actor: ak.Actor, msg: Lease) -> None:
+        try:
+            await ak.queue.Client("queue/q").stats()
+        except ak.ReentryError as exc:
+            errors.append(str(exc))
+            raise
+
+    deliveries.behaviour["worker/w"] = reenter
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w", max_attempts=1))
+        i = await q.send(b"x")
+        await trio.sleep(1)
+        assert len(errors) == 1 and "queue/q" in errors[0]
+        job = await q.get(i)
+        assert job.state == "dead" and (job.last_error or "").startswith("ReentryError")
+
+
+async def test_delivery_requests_are_checked(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        frame = encode_deliver("queue/q", [Lease(1, 1, b"x", 0.0)])
+        resp = await host.request("POST", f"/worker/w{DELIVER_PATH}", body=frame)
+        assert resp.status == 403  # from outside: no caller
+        for garbage in (b"", b"\xc1", codec.pack([1]), codec.pack({"queue": "queue/q"})):
+            resp = await host.call_as("queue/q", "worker/w", "POST", DELIVER_PATH, garbage)
+            assert resp.status == 400, garbage
+        bad = codec.pack({"queue": "queue/q", "messages": [[1, 1, "text", 0.0]]})
+        resp = await host.call_as("queue/q", "worker/w", "POST", DELIVER_PATH, bad)
+        assert resp.status == 400
+        assert deliveries.seen == []
+        resp = await host.call_as("queue/q", "worker/w", "POST", DELIVER_PATH, frame)
+        assert resp.status == 200
+        assert codec.unpack(resp.body) == {"outcomes": [{"id": 1, "attempt": 1, "op": "ack"}]}
+
+
+async def test_handle_delivery_with_a_plain_function(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """handle_delivery also takes a plain (non-async) function."""
+    got: list[bytes] = []
+
+    def handler(msg: Lease) -> RetryLater | None:
+        got.append(msg.body)
+        return RetryLater(5) if msg.body == b"again" else None
+
+    async def run(actor: ak.Actor) -> object:
+        req = ak.Request(
+            "POST",
+            DELIVER_PATH,
+            body=encode_deliver("queue/q", [Lease(1, 1, b"ok", 0.0), Lease(2, 4, b"again", 0.0)]),
+            caller="queue/q",
+        )
+        resp = await ak.queue.handle_delivery(req, handler)
+        return codec.unpack(resp.body)
+
+    async with open_host(app, data_dir) as host:
+        reply = await inside(host, run)
+        assert got == [b"ok", b"again"]
+        assert reply == {
+            "outcomes": [
+                {"id": 1, "attempt": 1, "op": "ack"},
+                {"id": 2, "attempt": 4, "op": "retry", "delay": 5.0, "error": None},
+            ]
+        }
