@@ -331,9 +331,35 @@ class Activation:
         self, at: float, scheduled_at: float | None = None, retries: int = 0
     ) -> None:
         db = self._ensure_writable("set_alarm")
+        state = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
         index = self.host.alarm_index
+        if self._rearm_at_once(at):
+            index.put(self.address, at)
+            self._write_alarm(db, state)
+            return
         index.put(self.address, at)  # the index first: see alarms.py
         await index.sync()
+        self._write_alarm(db, state)
+        await db.sync()
+
+    def _rearm_at_once(self, at: float) -> bool:
+        """Whether this is the alarm's own event setting it again for now or earlier.
+
+        Then no fsync is needed: until this event ends, the stored alarm is the one that fired,
+        which is durable and due, so power loss brings back an alarm that fires at once; and
+        ``at`` is not later than now, so nothing can fire early or be lost. (A push queue
+        re-arms this way after every batch while messages are ready.)
+        """
+        ev = self.current
+        return (
+            ev is not None
+            and ev.fn is None
+            and not self.alarm_touched
+            and self.alarm is not None
+            and at <= self.host.clock.now()
+        )
+
+    def _write_alarm(self, db: Database, state: AlarmState) -> None:
         db.conn.execute(
             f"CREATE TABLE IF NOT EXISTS {ACTOR_TABLE} (id INTEGER PRIMARY KEY CHECK (id = 0), "
             "at REAL NOT NULL, scheduled_at REAL NOT NULL, retry_count INTEGER NOT NULL)"
@@ -341,12 +367,11 @@ class Activation:
         db.conn.execute(
             f"INSERT OR REPLACE INTO {ACTOR_TABLE} (id, at, scheduled_at, retry_count) "
             "VALUES (0, ?, ?, ?)",
-            (at, at if scheduled_at is None else scheduled_at, retries),
+            (state.at, state.scheduled_at, state.retry_count),
         )
-        self.alarm = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
+        self.alarm = state
         self.alarm_touched = True
-        await db.sync()
-        self.host.poke_alarms(at)
+        self.host.poke_alarms(state.at)
 
     def clear_alarm(self) -> None:
         """Remove the alarm with plain writes (a crash may bring it back: at least once)."""

@@ -77,6 +77,32 @@ class Timer(ak.Actor):
         return "accepted"
 
 
+@app.actor("chain")
+class Chain(ak.Actor):
+    """Re-arms its alarm from its own handler, ``left`` times, ``later`` seconds ahead."""
+
+    later: float = 0.0
+
+    async def setup(self) -> None:
+        self.sql.exec(
+            "CREATE TABLE IF NOT EXISTS c (id INTEGER PRIMARY KEY CHECK (id = 0), left INT)"
+        )
+
+    @ak.rpc
+    async def start(self, n: int, later: float = 0.0) -> None:
+        self.sql.exec("INSERT OR REPLACE INTO c VALUES (0, ?)", (n,))
+        await self.sql.sync()
+        self.later = later
+        await self.set_alarm(self.now())
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
+        (left,) = self.sql.exec("SELECT left FROM c").fetchone()
+        if left > 0:
+            self.sql.exec("UPDATE c SET left = left - 1")
+            await self.set_alarm(self.now() + self.later)
+
+
 @app.actor("plain")
 class Plain(ak.Actor):
     @ak.rpc
@@ -289,3 +315,31 @@ def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
         plan = db.conn.execute("EXPLAIN QUERY PLAN " + statement).fetchall()
         assert "USING COVERING INDEX alarms_due" in plan[0][3], (statement, plan)
     db.close()
+
+
+async def test_rearming_at_once_from_the_alarm_needs_no_fsync(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorkeep.storage import FileDatabase
+
+    syncs: list[Path] = []
+    real_sync = FileDatabase.sync
+
+    async def counting_sync(self: FileDatabase) -> None:
+        syncs.append(self.path)
+        await real_sync(self)
+
+    monkeypatch.setattr(FileDatabase, "sync", counting_sync)
+    async with open_host(app, data_dir) as host:
+        await rpc(host, "chain/c", "start", n=5)
+        before = len(syncs)
+        await trio.sleep(1)
+        assert len(fired) == 6  # the first fire and five re-arms at once
+        assert len(syncs) == before  # none of them paid for an fsync
+        # Re-arming for later is a durable set_alarm as usual: the index, then the actor file.
+        fired.clear()
+        await rpc(host, "chain/d", "start", n=1, later=5)
+        before = len(syncs)
+        await trio.sleep(10)
+        assert len(fired) == 2
+        assert len(syncs) == before + 2
