@@ -32,6 +32,7 @@ lint: $(VENV)/.test-deps
 
 test: $(VENV)/.test-deps lint
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m sim --seeds 200 --check-determinism
 
 bench: $(VENV)/.test-deps
 	$(BIN)/python bench/rpc.py

@@ -1,0 +1,41 @@
+"""Planted bugs: shard variants the checkers must catch (``python -m sim --bug NAME``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import actorkeep as ak
+from shards import KVShard
+
+
+class ReusingShard(KVShard):
+    """Starts after the highest version in its table instead of after its durable
+    reservation, so a restart (or eviction) after deleting the newest key reuses versions."""
+
+    async def setup(self) -> None:
+        await super().setup()
+        (top,) = self.sql.exec("SELECT COALESCE(MAX(version), 0) FROM actorkeep_kv").fetchone()
+        self._next_version = int(top) + 1
+        self._reserved = 1 << 62
+
+
+class BlindCasShard(KVShard):
+    """Answers every compare-and-set as if its expectation held."""
+
+    @staticmethod
+    def _conflict(expect: int | None, live: int | None) -> ak.Response | None:
+        return None
+
+
+class LazyDurableShard(KVShard):
+    """Acknowledges durable puts after a plain write: power loss can drop them."""
+
+    async def _put(self, frame: dict[str, Any]) -> ak.Response:
+        return await super()._put({**frame, "l": True})
+
+
+BUGS: dict[str, type[KVShard]] = {
+    "reuse-versions": ReusingShard,
+    "blind-cas": BlindCasShard,
+    "lazy-durable": LazyDurableShard,
+}

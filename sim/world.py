@@ -1,0 +1,371 @@
+"""``World``: run an app's hosts under a seeded scheduler, virtual time and injected faults.
+
+    world = sim.World(app, seed=7)
+
+    async def main(world: sim.World) -> None:
+        op = await world.invoke("c1", "counter.incr", {"by": 2},
+                                lambda host: world.rpc("counter/a", "incr", by=2))
+        world.crash()                 # kill -9: fenced, then cancelled, no graceful close
+        await world.restart()
+        ...
+
+    trace = world.run(main)          # trio.run under MockClock and the seeded scheduler
+
+Every random choice comes from ``world.rng(name)`` (one stream per component), so a seed
+replays exactly. Calls made through ``invoke`` are recorded in ``world.history`` as invoke ->
+ok / fail / unknown: unknown when the host incarnation that served it crashed before the world
+saw the reply, or when the call raised instead of answering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json as _json
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+import trio.testing
+
+from actorkeep.app import App
+from actorkeep.clock import Clock
+from actorkeep.errors import HostClosed
+from actorkeep.front import Front
+from actorkeep.host import Host
+from actorkeep.http import Response
+
+from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
+from .history import History, Op, Status
+from .storage import SimDatabase, SimStorage, SimStorageView
+
+T = TypeVar("T")
+
+#: The host clock's epoch at trio time zero: 2023-11-14T22:13:20Z.
+ANCHOR = 1_700_000_000.0
+#: The caller address the world uses for ``rpc`` calls into the app.
+WORLD_CALLER = "sim-world/world"
+
+
+@dataclass
+class Faults:
+    """What the world injects on its own (the scenario adds timed crashes and power losses).
+
+    ``fsync_delay_p``: the probability that a ``sync()`` takes virtual time (up to
+    ``fsync_delay_max`` seconds), so that other events run meanwhile and a crash can land
+    between a commit and its reply. ``crash_after_sync_p``: the probability that a host crashes
+    right after a completed ``sync()`` (process crash, or power loss with
+    ``power_loss_p``), restarting after a downtime up to ``downtime_max``; at most
+    ``max_crashes`` such crashes per run. ``rollback_p``: per file, the chance that power loss
+    rolls it back to its last durable image.
+    """
+
+    fsync_delay_p: float = 0.0
+    fsync_delay_max: float = 0.02
+    crash_after_sync_p: float = 0.0
+    power_loss_p: float = 0.5
+    downtime_max: float = 1.0
+    max_crashes: int = 2
+    rollback_p: float = 0.5
+
+
+class Incarnation:
+    """One run of the host process, from start to crash or stop."""
+
+    def __init__(self, number: int, host: Host, view: SimStorageView) -> None:
+        self.number = number
+        self.host = host
+        self.front = Front(host)
+        self.view = view
+        self.alive = True
+        self.scope = trio.CancelScope()
+        self.stop = trio.Event()
+        self.done = trio.Event()
+
+
+class World:
+    """One simulated machine running ``app``, fully determined by ``seed``."""
+
+    def __init__(
+        self,
+        app: App,
+        seed: int,
+        *,
+        faults: Faults | None = None,
+        anchor: float = ANCHOR,
+        host_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.app = app
+        self.seed = seed
+        self.faults = faults if faults is not None else Faults()
+        self.clock = Clock(anchor=anchor)
+        self.history = History()
+        self.host_options = dict(host_options or {})
+        self._fault_rng = self.rng("world-faults")
+        self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)
+        self.current: Incarnation | None = None
+        self.incarnations = 0
+        self.crashes = 0
+        self.steps = StepCounter()
+        self._up = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # -- randomness -------------------------------------------------------------------------
+    def rng(self, name: str) -> random.Random:
+        """The random stream of component ``name`` (a function of the seed and the name)."""
+        return sub_rng(self.seed, name)
+
+    def now(self) -> float:
+        """The host clock (epoch seconds)."""
+        return self.clock.now()
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, main: Callable[[World], Awaitable[T]]) -> T:
+        """``trio.run`` the world: start a host, run ``main(world)``, stop the host."""
+        with seeded_scheduler(self.seed), quiet_logs():
+            return trio.run(
+                self._main,
+                main,
+                clock=trio.testing.MockClock(autojump_threshold=0),
+                instruments=[self.steps],
+            )
+
+    async def arun(self, main: Callable[[World], Awaitable[T]]) -> T:
+        """Run the world inside an existing ``trio.run`` whose clock is a ``MockClock``.
+
+        For tests and examples that already run trio. The scheduler is seeded from here on,
+        but the tasks of the enclosing program share it: a seed replays exactly only with the
+        same enclosing program. ``run`` is the reference.
+        """
+        if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+            raise RuntimeError("World.arun needs trio.run(..., clock=trio.testing.MockClock())")
+        trio.lowlevel.add_instrument(self.steps)
+        try:
+            with seeded_scheduler(self.seed), quiet_logs():
+                return await self._main(main)
+        finally:
+            trio.lowlevel.remove_instrument(self.steps)
+
+    async def _main(self, main: Callable[[World], Awaitable[T]]) -> T:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.start()
+            result = await main(self)
+            await self.stop()
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def start(self) -> Incarnation:
+        """Start a new host incarnation on the storage as the last one left it."""
+        if self.current is not None and self.current.alive:
+            raise RuntimeError("a host is already running")
+        assert self._nursery is not None, "start() runs inside World.run"
+        self.incarnations += 1
+        n = self.incarnations
+        view = self.storage.view()
+        host = Host(
+            self.app, view, clock=self.clock, rng=self.rng(f"host/{n}"), **self.host_options
+        )
+        inc = Incarnation(n, host, view)
+        await self._nursery.start(self._run_host, inc)
+        self.current = inc
+        self._up.set()
+        return inc
+
+    @staticmethod
+    async def _run_host(inc: Incarnation, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            with inc.scope:
+                async with inc.host.open():
+                    task_status.started()
+                    await inc.stop.wait()
+        except BaseException:
+            # A crashed incarnation dies with whatever its tasks hit after the fence (closed
+            # connections, Fenced): that is the crash itself, not an error of the run.
+            if inc.alive:
+                raise
+        finally:
+            inc.done.set()
+
+    async def stop(self) -> None:
+        """Stop the current host gracefully (its connections close and keep what they hold)."""
+        inc = self.current
+        if inc is None or not inc.alive:
+            return
+        self._down()
+        inc.alive = False
+        inc.stop.set()
+        await inc.done.wait()
+        self.history.fault("stop", self.now(), host=inc.number)
+
+    def _down(self) -> None:
+        if self._up.is_set():
+            self._up = trio.Event()
+
+    # -- faults -----------------------------------------------------------------------------
+    def crash(self, power_loss: bool = False, restart_after: float | None = None) -> bool:
+        """Crash the current host now (fence its storage, cancel its task), as kill -9 would.
+
+        With ``power_loss`` each file then keeps its committed image or rolls back to its
+        durable one (``Faults.rollback_p``). ``restart_after``: start the next incarnation after
+        that many virtual seconds. False if no host was running.
+        """
+        inc = self.current
+        if inc is None or not inc.alive:
+            return False
+        self._down()
+        inc.alive = False
+        self.crashes += 1
+        if power_loss:
+            rolled = self.storage.power_loss(
+                inc.view, self._fault_rng, p_rollback=self.faults.rollback_p
+            )
+            self.history.fault("power-loss", self.now(), host=inc.number, rolled_back=rolled)
+        else:
+            self.storage.crash(inc.view)
+            self.history.fault("crash", self.now(), host=inc.number)
+        inc.scope.cancel()
+        if restart_after is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self.restart, restart_after)
+        return True
+
+    async def restart(self, downtime: float = 0.0) -> Incarnation:
+        """Wait for the dead host to finish dying, then ``downtime``, then start the next one."""
+        inc = self.current
+        if inc is not None:
+            if inc.alive:
+                await self.stop()
+            await inc.done.wait()
+        if downtime > 0:
+            await trio.sleep(downtime)
+        if self.current is not None and self.current is not inc and self.current.alive:
+            return self.current  # someone else restarted it meanwhile
+        new = await self.start()
+        self.history.fault("restart", self.now(), host=new.number)
+        return new
+
+    def _fsync_delay(self) -> float:
+        f = self.faults
+        if f.fsync_delay_p > 0 and self._fault_rng.random() < f.fsync_delay_p:
+            return self._fault_rng.uniform(0.0, f.fsync_delay_max)
+        return 0.0
+
+    def _on_sync(self, db: SimDatabase) -> None:
+        f = self.faults
+        if (
+            f.crash_after_sync_p > 0
+            and self.crashes < f.max_crashes
+            and self._fault_rng.random() < f.crash_after_sync_p
+        ):
+            power = self._fault_rng.random() < f.power_loss_p
+            downtime = self._fault_rng.uniform(0.0, f.downtime_max)
+            self.history.note(f"crash right after the sync of {db.key}")
+            self.crash(power_loss=power, restart_after=downtime)
+
+    # -- reaching the app -------------------------------------------------------------------
+    async def wait_up(self) -> Incarnation:
+        """The running host incarnation, waiting for a restart if there is none."""
+        while True:
+            inc = self.current
+            if inc is not None and inc.alive:
+                return inc
+            await self._up.wait()
+
+    async def rpc(
+        self, address: str, method: str, timeout: float | None = 30.0, **args: Any
+    ) -> Any:
+        """Call ``@rpc method`` of ``address`` as the actor ``sim-world/world``."""
+        inc = await self.wait_up()
+        return await inc.host.call_rpc(
+            WORLD_CALLER, (WORLD_CALLER,), address, method, args, timeout
+        )
+
+    async def call_as(
+        self,
+        caller: str,
+        address: str,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,
+    ) -> Response:
+        """An HTTP-shaped call from the actor ``caller`` (which need not exist)."""
+        inc = await self.wait_up()
+        return await inc.host.call(caller, (caller,), address, method, path, body, headers, timeout)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """A request from outside, through the front (header stripping, access rules)."""
+        inc = await self.wait_up()
+        hdrs = dict(headers or {})
+        if json is not None:
+            body = _json.dumps(json).encode()
+            hdrs.setdefault("content-type", "application/json")
+        raw_path, _, query = path.partition("?")
+        return await inc.front.handle(method, raw_path, query, hdrs.items(), body)
+
+    async def invoke(
+        self,
+        process: str,
+        kind: str,
+        args: dict[str, Any],
+        action: Callable[[], Awaitable[Any]],
+        *,
+        classify: Callable[[Any], tuple[Status, Any]] | None = None,
+        timeout: float = 120.0,
+    ) -> Op:
+        """Run ``action`` (a call into the app) and record it as one operation.
+
+        ``classify`` maps the action's return value to (status, result); by default it is
+        ok. A reply seen after the serving incarnation crashed is unknown (its effects may or may
+        not have happened); so is an exception or a timeout. An exception or timeout while the
+        host stayed up is recorded as ``{"error": ..., "host_alive": True}`` for the checkers.
+        """
+        inc = await self.wait_up()
+        op = self.history.invoke(process, kind, args, inc.number, self.now())
+        status: Status = "unknown"
+        result: Any = None
+        with trio.move_on_after(timeout) as scope:
+            try:
+                value = await action()
+            except HostClosed as exc:
+                result = {"error": f"HostClosed: {exc}", "host_alive": inc.alive}
+            except Exception as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}", "host_alive": inc.alive}
+            else:
+                status, result = classify(value) if classify is not None else ("ok", value)
+        if scope.cancelled_caught:
+            result = {"error": f"no answer within {timeout} s", "host_alive": inc.alive}
+        if not inc.alive and status != "unknown":
+            status, result = "unknown", {"late": result}
+        self.history.complete(op, status, result, self.now())
+        return op
+
+    # -- results ----------------------------------------------------------------------------
+    def trace_hash(self) -> str:
+        """SHA-256 over the history, the scheduler step count, the clock and every file."""
+        h = hashlib.sha256()
+        h.update(self.history.digest().encode())
+        h.update(f"steps={self.steps.steps} crashes={self.crashes}".encode())
+        for key, committed, durable in self.storage.digest_parts():
+            h.update(key.encode())
+            for image in (committed, durable):
+                h.update(hashlib.sha256(image).digest() if image is not None else b"-")
+        return h.hexdigest()
+
+    @property
+    def virtual_time(self) -> float:
+        """Seconds of virtual time since the run started (only inside ``run``)."""
+        t = trio.current_time()
+        return t if math.isfinite(t) else 0.0
