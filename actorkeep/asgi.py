@@ -14,6 +14,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+class _Disconnected(Exception):
+    """The client went away while its request body was still arriving."""
+
+
 class AsgiApp:
     """ASGI 3 application over a ``Front``. Bodies over ``max_body`` get 413 unread."""
 
@@ -25,6 +29,9 @@ class AsgiApp:
         kind = scope["type"]
         if kind == "http":
             await self._http(scope, receive, send)
+        elif kind == "websocket":  # not served: close before accepting (hypercorn answers 403)
+            if (await receive())["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008})
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -36,7 +43,10 @@ class AsgiApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        body = await self._read_body(headers, receive)
+        try:
+            body = await self._read_body(headers, receive)
+        except _Disconnected:
+            return  # the client is gone before its request was whole: run nothing, answer no one
         if body is None:
             resp = error_response(413, "PayloadTooLarge", f"body over {self.max_body} bytes")
         else:
@@ -63,7 +73,7 @@ class AsgiApp:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return b""
+                raise _Disconnected
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:

@@ -19,7 +19,7 @@ from .app import App
 from .asgi import AsgiApp
 from .front import Front
 from .host import Host
-from .storage import FileStorage
+from .storage import DataDirInUse, FileStorage
 
 log = structlog.get_logger("actorkeep")
 
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     _raise_open_file_limit()
     try:
         trio.run(serve, app, args.app, data, args.host, args.port, host_options)
+    except* DataDirInUse as group:
+        raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
     except* OSError as group:
         first = group.exceptions[0]
         raise SystemExit(f"actorkeep: cannot serve on {args.host}:{args.port}: {first}") from None

@@ -26,7 +26,14 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 from . import codec
 from .actor import Actor, AlarmInfo
 from .address import check_actor_name, split_address
-from .alarms import ACTOR_TABLE, MAX_RETRIES, AlarmIndex, AlarmState, retry_delay
+from .alarms import (
+    ACTOR_TABLE,
+    FIRST_RETRY_DELAY,
+    MAX_RETRIES,
+    AlarmIndex,
+    AlarmState,
+    retry_delay,
+)
 from .app import ActorClass, App
 from .calls import ActorsClient, decode_reply
 from .clock import Clock
@@ -337,10 +344,15 @@ class Activation:
             index.put(self.address, at)
             self._write_alarm(db, state)
             return
-        index.put(self.address, at)  # the index first: see alarms.py
+        # The index first (see alarms.py), and never later than the alarm it replaces until
+        # the new one is durable: a crash in between must not delay an acknowledged alarm.
+        old = self.alarm
+        index.put(self.address, at if old is None else min(old.at, at))
         await index.sync()
         self._write_alarm(db, state)
         await db.sync()
+        if old is not None and old.at < at:
+            index.put(self.address, at)  # an early wake-up is harmless: see _run_alarm
 
     def _rearm_at_once(self, at: float) -> bool:
         """Whether this is the alarm's own event setting it again for now or earlier.
@@ -430,6 +442,7 @@ class Host:
         self._closing = False
         self._alarm_index: AlarmIndex | None = None
         self._alarm_scope: trio.CancelScope | None = None
+        self._poked = math.inf  # the earliest alarm time poked since the scheduler's last scan
         self._alarms_running: set[str] = set()
         self._evictor_scope: trio.CancelScope | None = None
         self._timeouts = CallTimeouts()
@@ -702,7 +715,9 @@ class Host:
                         return
                     continue
                 ev = queue.popleft()
-                if ev.abandoned:
+                if ev.abandoned:  # its caller is gone: skip it, but it was activity
+                    act.last_used = now = trio.current_time()
+                    self._note_idle(now + self.idle_timeout)
                     continue
                 act.current = ev
                 try:
@@ -828,6 +843,7 @@ class Host:
     # -- alarms ---------------------------------------------------------------------------
     def poke_alarms(self, at: float) -> None:
         """Wake the scheduler if ``at`` is earlier than it planned to wake."""
+        self._poked = min(self._poked, at)  # remembered while the scheduler is scanning
         scope = self._alarm_scope
         if scope is not None:
             deadline = self.clock.trio_time(at)
@@ -837,6 +853,7 @@ class Host:
     async def _alarm_loop(self) -> None:
         index = self.alarm_index
         while True:
+            self._poked = math.inf
             now = self.clock.now()
             after: tuple[float, str] | None = None
             while True:
@@ -849,8 +866,10 @@ class Host:
                 after = (rows[-1][1], rows[-1][0])
                 await trio.lowlevel.checkpoint()
             nxt = index.next_after(now)
-            deadline = self.clock.trio_time(nxt) if nxt is not None else math.inf
-            with trio.CancelScope(deadline=deadline) as scope:
+            wake = min(math.inf if nxt is None else nxt, self._poked)
+            if wake <= now:
+                continue  # poked while scanning with an alarm already due: scan again
+            with trio.CancelScope(deadline=self.clock.trio_time(wake)) as scope:
                 self._alarm_scope = scope
                 await trio.sleep_forever()
             self._alarm_scope = None
@@ -870,34 +889,50 @@ class Host:
         self._enqueue(self._activation(address, spec, name), Event(None, None, ()), limit=False)
 
     async def _run_alarm(self, act: Activation) -> None:
+        """One alarm event. Nothing but cancellation escapes it: when storage fails, the alarm
+        stays due and the event is tried again ``FIRST_RETRY_DELAY`` seconds later."""
+        address = act.address
         try:
             if act.db is None:
                 act.open_db()
-        except Exception as exc:  # storage failed: the alarm stays where it is
-            self._failed(act, exc)
-            self._alarms_running.discard(act.address)
-            return
-        try:
             state = act.alarm
             if state is None:
-                self.alarm_index.remove(act.address)  # an index entry that outlived its alarm
-                return
-            if state.at > self.clock.now():
-                return  # moved later by an event that ran first; the finally re-arms
-            act.alarm_touched = False
-            try:
-                inst = await self._instance(act)
-                await inst.alarm(AlarmInfo(state.scheduled_at, state.retry_count))  # type: ignore[attr-defined]
-            except Exception as exc:
-                self._failed(act, exc)
-                await self._retry_alarm(act, state)
-                return
-            if not act.alarm_touched:
-                act.clear_alarm()
-        finally:
-            self._alarms_running.discard(act.address)
-            if act.alarm is not None:
-                self.poke_alarms(act.alarm.at)
+                self.alarm_index.remove(address)  # an index entry that outlived its alarm
+            elif state.at > self.clock.now():
+                self.alarm_index.put(address, state.at)  # moved later by an earlier event
+            else:
+                await self._fire_alarm(act, state)
+        except Exception as exc:
+            self._failed(act, exc)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._alarm_cooldown, address)
+            return
+        self._alarms_running.discard(address)
+        if act.alarm is not None:
+            self.poke_alarms(act.alarm.at)
+
+    async def _fire_alarm(self, act: Activation, state: AlarmState) -> None:
+        act.alarm_touched = False
+        try:
+            inst = await self._instance(act)
+            await inst.alarm(AlarmInfo(state.scheduled_at, state.retry_count))  # type: ignore[attr-defined]
+            assert act.db is not None
+            if act.db.conn.in_transaction:
+                raise RuntimeError(
+                    "the alarm event ended with a transaction still open: commit it before "
+                    "returning (or use `with self.sql.transaction():`)"
+                )
+        except Exception as exc:
+            self._failed(act, exc)  # rolls back
+            await self._retry_alarm(act, state)
+            return
+        if not act.alarm_touched:
+            act.clear_alarm()
+
+    async def _alarm_cooldown(self, address: str) -> None:
+        await trio.sleep(FIRST_RETRY_DELAY)
+        self._alarms_running.discard(address)
+        self.poke_alarms(self.clock.now())
 
     async def _retry_alarm(self, act: Activation, state: AlarmState) -> None:
         """After a failed alarm event: the retry replaces any alarm the event set."""

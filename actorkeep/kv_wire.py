@@ -17,6 +17,7 @@ OPS = ("get", "put", "delete", "list")
 MAX_KEY = 2048
 MAX_VALUE = 1 << 20
 MAX_LIMIT = 1000
+MAX_TTL = 100 * 365 * 86400  # seconds: expiry must fit SQLite's 64-bit milliseconds
 
 #: ``expect`` on the wire: missing or nil = any, 0 = absent, n >= 1 = that version.
 WIRE_ANY = None
@@ -46,8 +47,8 @@ def check_ttl(ttl: object) -> float | None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
         raise ValueError(f"ttl must be a finite number of seconds or None, not {ttl!r}")
-    if ttl <= 0:
-        raise ValueError(f"ttl must be positive, not {ttl!r}")
+    if not 0 < ttl <= MAX_TTL:
+        raise ValueError(f"ttl must be more than 0 and at most {MAX_TTL} seconds, not {ttl!r}")
     return float(ttl)
 
 

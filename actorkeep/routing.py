@@ -71,7 +71,7 @@ def rpc(fn: F) -> F:
 class RpcMethod:
     """An ``@rpc`` method and the argument names it accepts, checked before it is called."""
 
-    __slots__ = ("fn", "inline", "name", "optional", "required", "var_kw")
+    __slots__ = ("fn", "inline", "name", "optional", "required", "self_name", "var_kw")
 
     def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
         self.name = name
@@ -80,8 +80,9 @@ class RpcMethod:
         required: set[str] = set()
         optional: set[str] = set()
         self.var_kw = False
-        params = list(inspect.signature(fn).parameters.values())[1:]  # skip self
-        for p in params:
+        all_params = list(inspect.signature(fn).parameters.values())
+        self.self_name = all_params[0].name if all_params else "self"
+        for p in all_params[1:]:
             if p.kind is p.VAR_KEYWORD:
                 self.var_kw = True
             elif p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
@@ -96,6 +97,8 @@ class RpcMethod:
     def check_args(self, args: dict[str, Any]) -> None:
         """``ValueError`` unless ``args`` binds to the method's parameters."""
         keys = args.keys()
+        if self.self_name in keys:
+            raise ValueError(f"{self.name}: unexpected argument: {self.self_name}")
         if not self.required <= keys:
             missing = ", ".join(sorted(self.required - keys))
             raise ValueError(f"{self.name}: missing argument(s): {missing}")

@@ -9,6 +9,7 @@ backend that keeps SQLite in memory and runs everything on the trio thread.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 from pathlib import Path
@@ -104,19 +105,47 @@ def _fsync_path(path: Path, data_only: bool = False) -> None:
         os.close(fd)
 
 
+class DataDirInUse(OSError):
+    """Another host holds the data directory."""
+
+
 class FileStorage:
-    """The production backend: ``<root>/actors/<class>/<aa>/<bb>/<name>.sqlite``."""
+    """The production backend: ``<root>/actors/<class>/<aa>/<bb>/<name>.sqlite``.
+
+    While a host has it open, ``<root>/host/lock`` holds an exclusive lock, so that two hosts
+    never run the same actors (and fire the same alarms) from one directory.
+    """
 
     def __init__(self, root: str | os.PathLike[str], in_thread: bool = True) -> None:
         self.root = Path(root).resolve()
         self._actors = self.root / "actors"
         self._in_thread = in_thread
+        self._lock_fd: int | None = None
 
     def open_actor(self, class_name: str, name: str) -> Database:
         return self._open(actor_path(self._actors, class_name, name))
 
     def open_host_db(self) -> Database:
-        return self._open(self.root / "host" / "host.sqlite")
+        db = self._open(self.root / "host" / "host.sqlite")
+        try:
+            self._lock()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.root / "host" / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirInUse(
+                f"data directory {str(self.root)!r} is in use by another host"
+            ) from None
+        self._lock_fd = fd
 
     def _open(self, path: Path) -> FileDatabase:
         new_dirs: list[Path] = []
@@ -129,4 +158,6 @@ class FileStorage:
         return FileDatabase(path, new_dirs, self._in_thread)
 
     def close(self) -> None:
-        pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None

@@ -188,7 +188,18 @@ async def test_durable_write_does_not_stall_other_actors(
             release.wait(10)
         real_fsync(fd)
 
+    import actorkeep.storage as storage
+
+    real_datasync = storage._datasync
+
+    def slow_datasync(fd: int) -> None:  # the WAL's data sync, which durable writes wait for
+        if threading.current_thread() is not threading.main_thread():
+            fsync_started.set()
+            release.wait(10)
+        real_datasync(fd)
+
     monkeypatch.setattr(os, "fsync", slow_fsync)
+    monkeypatch.setattr(storage, "_datasync", slow_datasync)
     async with open_host(app, storage=FileStorage(data_dir, in_thread=True)) as host:
         await rpc(host, "store/other", "plain", k="warm", v=0)
         async with trio.open_nursery() as nursery:
