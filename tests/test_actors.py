@@ -60,6 +60,7 @@ class Echo(ak.Actor):
                 "query": req.query,
                 "ua": req.headers.get("User-Agent"),
                 "caller": req.caller,
+                "reserved": sorted(h for h in req.headers if h.startswith("x-actorkeep-")),
             }
         )
 
@@ -190,6 +191,7 @@ async def test_routes_params_query_headers(
             "query": {"q": "1", "empty": ""},
             "ua": "t/1",
             "caller": None,
+            "reserved": [],
         }
         resp = await host.request("PUT", "/echo/a/kv/k1", body=b"v1")
         assert (resp.status, resp.headers["X-Done"]) == (204, "yes")
@@ -342,6 +344,7 @@ async def test_outside_headers_cannot_forge_a_caller(
             headers={"X-Actorkeep-Caller": "admin/root", "x-actorkeep-chain": "x"},
         )
         assert resp.json()["caller"] is None
+        assert resp.json()["reserved"] == []  # no x-actorkeep-* header reaches the actor
 
 
 async def test_health(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
