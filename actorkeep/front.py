@@ -7,7 +7,9 @@ so an outside client can never pose as an actor. Used by the ASGI app and by ``a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json as _json
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import unquote
 
 import structlog
@@ -45,6 +47,24 @@ class Front:
             )
         except HostClosed as exc:
             return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """An outside request written as a path with its query (``/c/a/items?limit=5``);
+        ``json`` becomes the body with its content type. For tests and the simulator."""
+        hdrs = dict(headers or {})
+        if json is not None:
+            body = _json.dumps(json).encode()
+            hdrs.setdefault("content-type", "application/json")
+        raw_path, _, query = path.partition("?")
+        return await self.handle(method, raw_path, query, hdrs.items(), body)
 
     async def _handle(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json as _json
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -80,12 +79,7 @@ class TestHost:
         headers: Mapping[str, str] | None = None,
     ) -> Response:
         """A request from outside, through the same front logic as HTTP."""
-        hdrs = dict(headers or {})
-        if json is not None:
-            body = _json.dumps(json).encode()
-            hdrs.setdefault("content-type", "application/json")
-        raw_path, _, query = path.partition("?")
-        return await self.front.handle(method, raw_path, query, hdrs.items(), body)
+        return await self.front.request(method, path, json=json, body=body, headers=headers)
 
     async def call_as(
         self,

@@ -20,7 +20,6 @@ saw the reply, or when the call raised instead of answering.
 from __future__ import annotations
 
 import hashlib
-import json as _json
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -308,12 +307,7 @@ class World:
     ) -> Response:
         """A request from outside, through the front (header stripping, access rules)."""
         inc = await self.wait_up()
-        hdrs = dict(headers or {})
-        if json is not None:
-            body = _json.dumps(json).encode()
-            hdrs.setdefault("content-type", "application/json")
-        raw_path, _, query = path.partition("?")
-        return await inc.front.handle(method, raw_path, query, hdrs.items(), body)
+        return await inc.front.request(method, path, json=json, body=body, headers=headers)
 
     async def invoke(
         self,
