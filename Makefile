@@ -31,8 +31,8 @@ lint: $(VENV)/.test-deps
 	$(BIN)/mypy
 
 test: $(VENV)/.test-deps lint
-	$(BIN)/python -m pytest -q
 	$(BIN)/python -m sim --seeds 200 --check-determinism
+	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test-deps
 	$(BIN)/python bench/rpc.py
