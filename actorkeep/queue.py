@@ -266,10 +266,15 @@ def check_seconds(v: object, name: str) -> float:
     return float(v)
 
 
+#: The shortest visibility or backoff: shorter spans vanish in ``now + span`` (a subnormal
+#: visibility would make a lease visible again at once).
+MIN_SPAN = 0.001
+
+
 def check_positive_seconds(v: object, name: str) -> float:
     s = check_seconds(v, name)
-    if s <= 0:
-        raise ValueError(f"{name} must be more than 0 seconds, not {v!r}")
+    if s < MIN_SPAN:
+        raise ValueError(f"{name} must be at least {MIN_SPAN} seconds, not {v!r}")
     return s
 
 
@@ -591,7 +596,9 @@ Handler = Callable[[Lease], Awaitable[RetryLater | None] | RetryLater | None]
 
 
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    # backslashreplace: an error text may hold lone surrogates (os.fsdecode of bad bytes),
+    # which msgpack cannot encode; the queue must still record it.
+    text = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
     return text if len(text) <= MAX_ERROR else text[: MAX_ERROR - 1] + "…"
 
 

@@ -272,6 +272,13 @@ class Queue(ak.Actor):
         params: tuple[int, ...] = ()
         if ids is not None:
             where, params = f"WHERE id IN ({','.join('?' * len(ids))})", tuple(ids)
+        if (
+            self.cfg.consumer is not None
+            and self.sql.exec(
+                f"SELECT 1 FROM actorkeep_queue_dead {where} LIMIT 1", params
+            ).fetchone()
+        ):
+            await self._arm_by(now)  # before the durable move, for the same reason as send
         with self.sql.transaction():
             cur = self.sql.exec(
                 "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) "
@@ -282,8 +289,6 @@ class Queue(ak.Actor):
             count = cur.rowcount
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
             await self.sql.exec_durable("COMMIT")
-        if count and self.cfg.consumer is not None:
-            await self._arm_by(now)
         return {"count": count}
 
     async def _op_configure(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -292,15 +297,17 @@ class Queue(ak.Actor):
         if cfg.consumer == self.address:
             raise ValueError("a queue cannot be its own consumer")
         w = cfg.to_wire()
+        # Arm for the new config before storing it, as send does: a crash in between leaves an
+        # alarm with nothing to do, never a stored consumer with messages and no alarm.
+        due = self.next_due(cfg)
+        if due is not None:
+            await self._arm_by(due)
         await self.sql.exec_durable(
             f"INSERT OR REPLACE INTO actorkeep_queue_config (id, {_CONFIG_COLUMNS}) "
             "VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
             tuple(w[k] for k in _CONFIG_COLUMNS.split(", ")),
         )
         self.cfg = cfg
-        due = self.next_due()
-        if due is not None:
-            await self._arm_by(due)
         return {}
 
     async def _op_config(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -414,9 +421,10 @@ class Queue(ak.Actor):
         with self.sql.transaction():
             self.sweep(now)
 
-    def next_due(self) -> float | None:
-        """The earliest time the alarm has something to do, or None."""
-        cfg = self.cfg
+    def next_due(self, cfg: Config | None = None) -> float | None:
+        """The earliest time the alarm has something to do (under ``cfg``, by default the
+        stored one), or None."""
+        cfg = self.cfg if cfg is None else cfg
         exec_ = self.sql.exec
         if cfg.consumer is not None:
             (due,) = exec_("SELECT MIN(visible_at) FROM actorkeep_queue").fetchone()

@@ -64,7 +64,7 @@ class KVChecker:
         self.writes: dict[bytes, Op] = {}  # value -> the put/cas that wrote it
         self.obs: dict[bytes, list[Obs]] = defaultdict(list)
         self.acked: dict[bytes, list[Op]] = defaultdict(list)  # ok writes per key
-        self.deletes: dict[bytes, list[Op]] = defaultdict(list)  # ok or unknown deletes
+        self.deletes: dict[bytes, list[Op]] = defaultdict(list)  # deletes that may have deleted
         self.ttl_writes: dict[bytes, list[Op]] = defaultdict(list)
         self.version_write: dict[tuple[bytes, int], Op] = {}
         self.version_exp: dict[tuple[bytes, int], int] = {}
@@ -148,7 +148,11 @@ class KVChecker:
                     f"although the current version is {current}",
                     op,
                 )
-        if kind in ("kv.delete", "kv.delete_if") and op.status in ("ok", "unknown"):
+        # A delete explains an absence only if it may have deleted something: one that
+        # answered False deleted nothing (and must not vouch for its own observation).
+        if kind in ("kv.delete", "kv.delete_if") and (
+            op.status == "unknown" or (op.status == "ok" and op.result is True)
+        ):
             self.deletes[a["key"]].append(op)
         if kind == "kv.put" and op.status in ("ok", "unknown") and a.get("ttl") is not None:
             self.ttl_writes[a["key"]].append(op)

@@ -243,3 +243,12 @@ def test_the_queue_answers_random_frames_with_a_status(op: str, frame: dict[str,
                 assert (await raw(host, "stats", codec.pack({}), "queue/fuzz")).status == 200
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_spans_too_short_to_move_the_clock_are_refused() -> None:
+    from actorkeep.queue import MIN_SPAN, check_positive_seconds
+
+    assert check_positive_seconds(MIN_SPAN, "visibility") == MIN_SPAN
+    for tiny in (1e-320, 1e-9, 0.0009):
+        with pytest.raises(ValueError, match="at least"):
+            check_positive_seconds(tiny, "visibility")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -280,3 +281,53 @@ async def test_handle_delivery_with_a_plain_function(
                 {"id": 2, "attempt": 4, "op": "retry", "delay": 5.0, "error": None},
             ]
         }
+
+
+async def test_a_crash_right_after_configure_stores_its_consumer_still_pushes(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configure arms the alarm before it stores the consumer, as send does: a crash between
+    the two must not leave ready messages on a push queue with no alarm."""
+    from actorkeep.sql import Sql
+
+    real = Sql.exec_durable
+
+    async def crash_after_config_write(self: Sql, sql: str, params: Any = ()) -> Any:
+        if "actorkeep_queue_config" in sql:
+            self.exec(sql, params)  # committed: what a process crash right after it keeps
+            raise OSError("the process died here")
+        return await real(self, sql, params)
+
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        ids = await q.send_batch([b"1", b"2"])
+        monkeypatch.setattr(Sql, "exec_durable", crash_after_config_write)
+        with pytest.raises(ak.RemoteError):
+            await q.configure(Config(consumer="worker/w"))
+        monkeypatch.setattr(Sql, "exec_durable", real)
+        await host.restart()  # may cut a push short: its leases then run out (30 s)
+        await trio.sleep(60)
+        assert sorted(set(seen_ids())) == ids
+
+
+async def test_an_error_text_msgpack_cannot_encode_is_recorded_not_fatal(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """os.fsdecode of bad bytes gives lone surrogates: such an error must still be recorded
+    for its message, and the other messages of the batch acked."""
+
+    bad_path = b"/tmp/x\xff".decode("utf-8", "surrogateescape")  # as os.fsdecode gives
+
+    async def behave(actor: ak.Actor, msg: Lease) -> None:
+        if msg.body == b"bad":
+            raise FileNotFoundError(f"no such file: {bad_path}")
+
+    deliveries.behaviour["worker/w"] = behave
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(consumer="worker/w", max_attempts=1))
+        good1, bad, good2 = await q.send_batch([b"good1", b"bad", b"good2"])
+        await trio.sleep(5)
+        assert sorted(seen_ids()) == [good1, bad, good2]  # each delivered once
+        (dead,) = await q.dead_letters()
+        assert dead.id == bad and "FileNotFoundError" in dead.reason and "\\udcff" in dead.reason

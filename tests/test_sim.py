@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio._core._run as trio_run
@@ -16,7 +17,7 @@ import shards
 from sim import World
 from sim.__main__ import main as sim_main
 from sim.check import check_errors
-from sim.history import History
+from sim.history import History, Status
 from sim.kv_checker import check_kv
 from sim.kv_workload import kv_op, make_app
 from sim.scenario import run_kv_seed
@@ -229,3 +230,35 @@ async def test_a_world_can_run_inside_a_mock_clock_run(
         return int(await w.rpc("counter/a", "incr"))
 
     assert await World(app, seed=4).arun(scenario) == 2
+
+
+def _history(steps: list[tuple[str, str, dict[str, Any], Status, Any]]) -> History:
+    history = History()
+    t = 1.0
+    for process, kind, args, status, result in steps:
+        op = history.invoke(process, kind, args, 1, t)
+        history.complete(op, status, result, t + 0.001)
+        t += 0.002
+    return history
+
+
+def test_a_delete_that_deleted_nothing_does_not_explain_an_absence() -> None:
+    """put acked durably at v1, then delete answers False, then get finds nothing: the
+    acknowledged write was lost, and the delete must not vouch for it."""
+    put = {"key": b"a", "value": b"c0.0", "ttl": None, "local": False}
+    lost = _history(
+        [
+            ("c0", "kv.put", put, "ok", 1),
+            ("c1", "kv.delete", {"key": b"a"}, "ok", False),
+            ("c1", "kv.get", {"key": b"a"}, "ok", None),
+        ]
+    )
+    assert [v.invariant for v in check_kv(lost, 1)] == ["no-stale-read"]
+    deleted = _history(
+        [
+            ("c0", "kv.put", put, "ok", 1),
+            ("c1", "kv.delete", {"key": b"a"}, "ok", True),
+            ("c1", "kv.get", {"key": b"a"}, "ok", None),
+        ]
+    )
+    assert check_kv(deleted, 1) == []
