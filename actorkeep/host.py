@@ -397,10 +397,16 @@ class Activation:
 
     async def delete_alarm(self) -> None:
         db = self._ensure_writable("delete_alarm")
-        had = self.alarm is not None
-        self.clear_alarm()
-        if had:
-            await db.sync()
+        self.alarm_touched = True
+        if self.alarm is None:
+            self.host.alarm_index.remove(self.address)
+            return
+        db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
+        self.alarm = None
+        await db.sync()
+        # Only now the index: were the entry gone and the row not, power loss could leave an
+        # alarm that no index entry would ever wake.
+        self.host.alarm_index.remove(self.address)
 
 
 class Host:

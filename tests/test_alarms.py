@@ -473,3 +473,23 @@ async def test_an_alarm_moved_later_by_an_earlier_event_does_not_fire_early(
         assert fired == []
         await trio.sleep(3600)
         assert len(fired) == 1 and fired[0][1] >= fired[0][2]
+
+
+async def test_delete_alarm_drops_the_index_entry_only_once_the_row_is_gone_durably(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorkeep.storage import FileDatabase
+
+    async with open_host(app, data_dir) as host:
+        at = await rpc(host, "timer/a", "set", delay=100)
+        real_sync = FileDatabase.sync
+
+        async def dies_on_actor_sync(self: FileDatabase) -> None:
+            if "host.sqlite" not in self.path.name:
+                raise OSError("power lost here")
+            await real_sync(self)
+
+        monkeypatch.setattr(FileDatabase, "sync", dies_on_actor_sync)
+        resp = await host.request("POST", "/timer/a/_rpc/delete")
+        assert resp.status == 500
+        assert host.host.alarm_index.get("timer/a") == at  # still indexed: nothing is stranded
