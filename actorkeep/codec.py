@@ -32,10 +32,6 @@ def encoding_of(content_type: str | None) -> Encoding:
     raise ValueError(f"unsupported content type {content_type!r}: use {JSON} or {MSGPACK}")
 
 
-def media_type(encoding: Encoding) -> str:
-    return MSGPACK if encoding == "msgpack" else JSON
-
-
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
 

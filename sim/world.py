@@ -20,7 +20,6 @@ saw the reply, or when the call raised instead of answering.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -357,9 +356,3 @@ class World:
             for image in (committed, durable):
                 h.update(hashlib.sha256(image).digest() if image is not None else b"-")
         return h.hexdigest()
-
-    @property
-    def virtual_time(self) -> float:
-        """Seconds of virtual time since the run started (only inside ``run``)."""
-        t = trio.current_time()
-        return t if math.isfinite(t) else 0.0

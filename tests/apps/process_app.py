@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import actorkeep as ak
+from examples.counter.app import Counter
 
 app = ak.App()
 
@@ -79,18 +80,12 @@ class Relay(ak.Actor):
 
 
 @app.actor("ledger")
-class Ledger(ak.Actor):
-    async def setup(self) -> None:
-        self.sql.exec(
-            "CREATE TABLE IF NOT EXISTS c (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER)"
-        )
+class Ledger(Counter):
+    """The example counter, plus a method that fails after writing."""
 
     @ak.rpc
     async def add(self, by: int = 1) -> int:
-        self.sql.exec(
-            "INSERT INTO c VALUES (0, ?) ON CONFLICT(id) DO UPDATE SET n = n + excluded.n", (by,)
-        )
-        return self.count()
+        return await self.incr(by)
 
     @ak.rpc
     async def fail(self, by: int = 1) -> int:
@@ -100,11 +95,3 @@ class Ledger(ak.Actor):
             "INSERT INTO c VALUES (0, ?) ON CONFLICT(id) DO UPDATE SET n = n + excluded.n", (by,)
         )
         raise RuntimeError(f"ledger {self.name} refuses {by}")
-
-    @ak.route("GET", "/")
-    async def show(self, req: ak.Request) -> ak.Response:
-        return ak.Response.json({"name": self.name, "n": self.count()})
-
-    def count(self) -> int:
-        row = self.sql.exec("SELECT n FROM c").fetchone()
-        return int(row[0]) if row else 0
