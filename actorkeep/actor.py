@@ -62,6 +62,14 @@ class Actor:
             self._ak_db = self._ak.sqlalchemy_connection()
         return self._ak_db
 
+    def buggify(self, site: str) -> bool:
+        """Whether the simulator injects the fault named ``site`` here now (BUGGIFY).
+
+        Always False outside the simulator. Use it to make legal but rare things happen often
+        in simulation: ``if self.buggify("cache.evict"): self._cache.clear()``.
+        """
+        return self._ak.host.buggify(site)
+
     async def set_alarm(self, at: float) -> None:
         """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.
 

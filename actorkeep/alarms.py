@@ -80,9 +80,12 @@ class AlarmIndex:
             (now, after[0], after[1], limit),
         ).fetchall()
 
-    def next_after(self, now: float) -> float | None:
-        row = self._conn.execute("SELECT MIN(at) FROM alarms WHERE at > ?", (now,)).fetchone()
-        return row[0] if row else None
+    def next_after(self, now: float) -> tuple[float, str] | None:
+        """The first entry after ``now`` as ``(at, address)``, through the index."""
+        row = self._conn.execute(
+            "SELECT at, address FROM alarms WHERE at > ? ORDER BY at, address LIMIT 1", (now,)
+        ).fetchone()
+        return (row[0], row[1]) if row else None
 
     def get(self, address: str) -> float | None:
         row = self._conn.execute("SELECT at FROM alarms WHERE address = ?", (address,)).fetchone()

@@ -46,6 +46,7 @@ from .errors import (
     ReentryError,
     RemoteError,
 )
+from .faults import FaultHooks
 from .http import Headers, Request, Response, error_response
 from .sql import Sql
 from .storage import Database, StorageBackend
@@ -338,6 +339,7 @@ class Activation:
         self, at: float, scheduled_at: float | None = None, retries: int = 0
     ) -> None:
         db = self._ensure_writable("set_alarm")
+        self.host._clearing.pop(self.address, None)  # the index entry is this alarm's now
         state = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
         index = self.host.alarm_index
         if self._rearm_at_once(at):
@@ -386,23 +388,30 @@ class Activation:
         self.host.poke_alarms(state.at)
 
     def clear_alarm(self) -> None:
-        """Remove the alarm with plain writes (a crash may bring it back: at least once)."""
+        """Delete the alarm's row with a plain write (a crash may bring it back: at least
+        once). The index entry stays until the deletion is durable (``Host._forget_alarm``):
+        were the entry's removal durable and the row's not, power loss could leave an alarm
+        that nothing wakes."""
         db = self.db
         assert db is not None
         if self.alarm is not None:
             db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
             self.alarm = None
         self.alarm_touched = True
-        self.host.alarm_index.remove(self.address)
 
     async def delete_alarm(self) -> None:
         db = self._ensure_writable("delete_alarm")
+        self.host._clearing.pop(self.address, None)
         self.alarm_touched = True
-        if self.alarm is None:
-            self.host.alarm_index.remove(self.address)
+        index = self.host.alarm_index
+        if self.alarm is None and index.get(self.address) is None:
+            # No entry: the row's absence is durable (an entry goes only after it is).
             return
-        db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
-        self.alarm = None
+        # With an entry left, the row may be gone only until power loss (a fired alarm whose
+        # deletion is not durable yet, or a crash since): make its absence durable too.
+        if self.alarm is not None:
+            db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
+            self.alarm = None
         await db.sync()
         # Only now the index: were the entry gone and the row not, power loss could leave an
         # alarm that no index entry would ever wake.
@@ -424,6 +433,7 @@ class Host:
         max_pending: int = 1_000,
         max_body: int = 1 << 20,
         access: Mapping[str, str] | None = None,
+        faults: FaultHooks | None = None,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -435,6 +445,7 @@ class Host:
         self.max_active = max_active
         self.max_pending = max_pending
         self.max_body = max_body
+        self.faults = faults
         self.classes = app.classes
         self._internal = {c for c, a in app.classes.items() if a.access == "internal"}
         for class_name, rule in (access or {}).items():
@@ -450,9 +461,14 @@ class Host:
         self._alarm_scope: trio.CancelScope | None = None
         self._poked = math.inf  # the earliest alarm time poked since the scheduler's last scan
         self._alarms_running: set[str] = set()
+        self._clearing: dict[str, object] = {}  # address -> token of its pending _forget_alarm
         self._evictor_scope: trio.CancelScope | None = None
         self._timeouts = CallTimeouts()
         self._inline_budget = INLINE_YIELD_EVERY
+
+    def buggify(self, site: str) -> bool:
+        """Whether the simulator fires the fault at ``site`` now; always False outside it."""
+        return self.faults is not None and self.faults.buggify(site)
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -619,8 +635,16 @@ class Host:
         return decode_reply(await self._dispatch(address, spec, name, ev, timeout))
 
     async def _dispatch(
-        self, address: str, spec: ActorClass, name: str, ev: Event, timeout: float | None
+        self,
+        address: str,
+        spec: ActorClass,
+        name: str,
+        ev: Event,
+        timeout: float | None,
+        hooked: bool = False,
     ) -> Response:
+        if self.faults is not None and ev.chain and not hooked:
+            return await self._dispatch_with_faults(self.faults, address, spec, name, ev, timeout)
         if ev.inline:
             # Every call can be cancelled here; and the host yields to the scheduler at least
             # once per INLINE_YIELD_EVERY inline calls, so a loop of them cannot starve others.
@@ -634,6 +658,24 @@ class Host:
                 return await self._run_inline(act, ev)
         self._enqueue(self._activation(address, spec, name), ev, limit=True)
         return await self._wait(ev, timeout)
+
+    async def _dispatch_with_faults(
+        self,
+        faults: FaultHooks,
+        address: str,
+        spec: ActorClass,
+        name: str,
+        ev: Event,
+        timeout: float | None,
+    ) -> Response:
+        """``_dispatch`` under the simulator: the call may be delayed, refused or lose its
+        reply, and an inline-safe handler may run on the worker instead."""
+        await faults.before_call(ev.chain, address)
+        if ev.inline and faults.buggify("host.no-inline"):
+            ev.inline = False
+        resp = await self._dispatch(address, spec, name, ev, timeout, hooked=True)
+        faults.after_call(ev.chain, address)
+        return resp
 
     async def _run_inline(self, act: Activation, ev: Event) -> Response:
         """Run a handler that cannot suspend in the caller's task, while its actor is idle.
@@ -661,6 +703,8 @@ class Host:
             act.last_used = now = trio.current_time()
             self._activations.move_to_end(act.address)
             self._note_idle(now + self.idle_timeout)
+            if self.faults is not None and self.faults.buggify("host.evict-after-event"):
+                self._evict(act)
         return resp
 
     # -- activations and the worker -------------------------------------------------------
@@ -716,6 +760,8 @@ class Host:
         try:
             while True:
                 if not queue:
+                    if act.closed:
+                        return  # evicted while its last event ran
                     act.parked = True
                     if await wait_task_rescheduled(_abort_park) is _STOP:
                         return
@@ -740,6 +786,8 @@ class Host:
                     if not act.closed:
                         self._activations.move_to_end(act.address)
                         self._note_idle(now + self.idle_timeout)
+                        if not queue and self.buggify("host.evict-after-event"):
+                            self._evict(act)
         finally:
             self._retire(act)
 
@@ -860,19 +908,21 @@ class Host:
         index = self.alarm_index
         while True:
             self._poked = math.inf
-            now = self.clock.now()
+            now = self._alarm_horizon()
             after: tuple[float, str] | None = None
             while True:
                 rows = index.due(now, after, _DUE_BATCH)
                 for address, _ in rows:
-                    if address not in self._alarms_running:
-                        self._fire(address)
+                    self._fire(address)
                 if len(rows) < _DUE_BATCH:
                     break
                 after = (rows[-1][1], rows[-1][0])
                 await trio.lowlevel.checkpoint()
             nxt = index.next_after(now)
-            wake = min(math.inf if nxt is None else nxt, self._poked)
+            if nxt is not None and self.buggify("host.alarm-early-wake"):
+                # An early wake-up must be harmless: _run_alarm finds the alarm not yet due.
+                self._fire(nxt[1], early=True)
+            wake = min(math.inf if nxt is None else nxt[0], self._poked)
             if wake <= now:
                 continue  # poked while scanning with an alarm already due: scan again
             with trio.CancelScope(deadline=self.clock.trio_time(wake)) as scope:
@@ -880,7 +930,14 @@ class Host:
                 await trio.sleep_forever()
             self._alarm_scope = None
 
-    def _fire(self, address: str) -> None:
+    def _alarm_horizon(self) -> float:
+        """Alarms set for this time or earlier are due (a seam for the simulator's planted
+        early-alarm bug)."""
+        return self.clock.now()
+
+    def _fire(self, address: str, early: bool = False) -> None:
+        if address in self._alarms_running:
+            return
         try:
             class_name, name = split_address(address)
         except ValueError:
@@ -892,6 +949,15 @@ class Host:
             self._alarms_running.add(address)
             return
         self._alarms_running.add(address)
+        delay = 0.0 if self.faults is None or early else self.faults.alarm_delay(address)
+        if delay > 0:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._fire_late, address, spec, name, delay)
+            return
+        self._enqueue(self._activation(address, spec, name), Event(None, None, ()), limit=False)
+
+    async def _fire_late(self, address: str, spec: ActorClass, name: str, delay: float) -> None:
+        await trio.sleep(delay)
         self._enqueue(self._activation(address, spec, name), Event(None, None, ()), limit=False)
 
     async def _run_alarm(self, act: Activation) -> None:
@@ -899,25 +965,40 @@ class Host:
         stays due and the event is tried again ``FIRST_RETRY_DELAY`` seconds later."""
         address = act.address
         try:
+            if self.buggify("host.alarm-event-fails"):
+                raise OSError("buggify: the alarm event hit a storage error")
             if act.db is None:
                 act.open_db()
             state = act.alarm
+            cleared = False
             if state is None:
-                self.alarm_index.remove(address)  # an index entry that outlived its alarm
-            elif state.at > self.clock.now():
+                # An index entry that outlived its alarm: drop it once the row's absence is
+                # durable (it may be absent only in a state that power loss would undo).
+                assert act.db is not None
+                await act.db.sync()
+                if act.alarm is None:
+                    self.alarm_index.remove(address)
+            elif state.at > self._alarm_horizon():
                 self.alarm_index.put(address, state.at)  # moved later by an earlier event
             else:
-                await self._fire_alarm(act, state)
+                cleared = await self._fire_alarm(act, state)
         except Exception as exc:
             self._failed(act, exc)
             assert self._nursery is not None
             self._nursery.start_soon(self._alarm_cooldown, address)
             return
+        if cleared:
+            # Registered now, before the actor's next event can set the alarm again.
+            token = self._clearing[address] = object()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._forget_alarm, act, token)
+            return
         self._alarms_running.discard(address)
         if act.alarm is not None:
             self.poke_alarms(act.alarm.at)
 
-    async def _fire_alarm(self, act: Activation, state: AlarmState) -> None:
+    async def _fire_alarm(self, act: Activation, state: AlarmState) -> bool:
+        """Run the handler; True if the alarm is now cleared (its row deleted)."""
         act.alarm_touched = False
         try:
             inst = await self._instance(act)
@@ -930,22 +1011,45 @@ class Host:
                 )
         except Exception as exc:
             self._failed(act, exc)  # rolls back
-            await self._retry_alarm(act, state)
-            return
+            return await self._retry_alarm(act, state)
         if not act.alarm_touched:
             act.clear_alarm()
+            return True
+        return False
+
+    async def _forget_alarm(self, act: Activation, token: object) -> None:
+        """After an alarm was cleared: make the row's deletion durable, then drop the index
+        entry, unless the alarm was set again meanwhile. The actor goes on taking events; its
+        address stays out of the scheduler's scans until this ends."""
+        address = act.address
+        try:
+            assert act.db is not None
+            await act.db.sync()
+        except Exception:
+            # Closed or failing storage: keep the entry. Its next wake-up finds no alarm and
+            # drops it then (see _run_alarm).
+            pass
+        else:
+            if self._clearing.get(address) is token:
+                self.alarm_index.remove(address)
+        finally:
+            if self._clearing.get(address) is token:
+                del self._clearing[address]
+            self._alarms_running.discard(address)
+        self.poke_alarms(self.clock.now())  # an alarm set meanwhile may be due
 
     async def _alarm_cooldown(self, address: str) -> None:
         await trio.sleep(FIRST_RETRY_DELAY)
         self._alarms_running.discard(address)
         self.poke_alarms(self.clock.now())
 
-    async def _retry_alarm(self, act: Activation, state: AlarmState) -> None:
-        """After a failed alarm event: the retry replaces any alarm the event set."""
+    async def _retry_alarm(self, act: Activation, state: AlarmState) -> bool:
+        """After a failed alarm event: the retry replaces any alarm the event set. True if
+        the alarm was dropped (cleared) instead."""
         if state.retry_count < MAX_RETRIES:
             retry_at = self.clock.now() + retry_delay(state.retry_count)
             await act.set_alarm(retry_at, state.scheduled_at, state.retry_count + 1)
-            return
+            return False
         act.clear_alarm()
         log.error(
             "alarm dropped after its last retry",
@@ -953,6 +1057,7 @@ class Host:
             scheduled_at=state.scheduled_at,
             retries=state.retry_count,
         )
+        return True
 
 
 def parse_query(query_string: str) -> dict[str, str]:

@@ -205,13 +205,20 @@ class Client:
             "n": check_limit(limit),
         }
         replies: list[dict[str, Any]] = [{} for _ in self._addresses]
+        errors: list[Exception] = []
 
-        async def ask(i: int) -> None:
-            replies[i] = await self._call_shard(self._addresses[i], "list", frame)
+        async def ask(i: int, cancel_scope: trio.CancelScope) -> None:
+            try:
+                replies[i] = await self._call_shard(self._addresses[i], "list", frame)
+            except Exception as exc:  # raised below as itself, not in an ExceptionGroup
+                errors.append(exc)
+                cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
             for i in range(self.shards):
-                nursery.start_soon(ask, i)
+                nursery.start_soon(ask, i, nursery.cancel_scope)
+        if errors:
+            raise errors[0]
         rows = [row for reply in replies for row in reply["e"]]
         rows.sort(key=lambda row: row[0])
         more = len(rows) > limit or any(reply["more"] for reply in replies)

@@ -1,9 +1,11 @@
 """``python -m sim``: seeded sweeps, replays and the determinism self-check.
 
-python -m sim --seeds 200 [--start 0] [--bug NAME] [--check-determinism]
-python -m sim replay SEED [--bug NAME] [--all]
-python -m sim hash SEED [--bug NAME]
-python -m sim selfcheck SEED [--bug NAME]
+python -m sim --seeds 200 [--start 0] [--scenario all|kv|alarms|queues]
+              [--faults all|none|crash,power,fsync,calls,alarms,buggify] [--bug NAME]
+              [--check-determinism]
+python -m sim replay SEED [--scenario NAME] [--faults ...] [--bug NAME] [--all]
+python -m sim hash SEED [--scenario NAME] [--faults ...] [--bug NAME]
+python -m sim selfcheck SEED [--scenario NAME] [--faults ...] [--bug NAME]
 """
 
 from __future__ import annotations
@@ -16,15 +18,48 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bugs import BUGS
 from .history import History
-from .scenario import SeedResult, replay_command, run_kv_seed
+from .scenario import (
+    ALL_FAULTS,
+    FAULT_KINDS,
+    SCENARIOS,
+    SeedResult,
+    parse_faults,
+    replay_command,
+    run_seed,
+    scenario_of_bug,
+)
 
 _ROOT = Path(__file__).resolve().parent.parent
+_ALL_BUGS = sorted(b for _, bugs in SCENARIOS.values() for b in bugs)
 
 
-def _bug_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bug", choices=sorted(BUGS), help="run against a planted bug")
+def _common_args(parser: argparse.ArgumentParser, many: bool) -> None:
+    names = ["all", *SCENARIOS] if many else list(SCENARIOS)
+    parser.add_argument(
+        "--scenario",
+        choices=names,
+        default=None,
+        help=f"which scenario (default: {'all' if many else 'kv'}, or the bug's)",
+    )
+    parser.add_argument(
+        "--faults",
+        type=parse_faults,
+        default=ALL_FAULTS,
+        help=f"all, none, or a comma-separated subset of {','.join(FAULT_KINDS)} (default all)",
+    )
+    parser.add_argument("--bug", choices=_ALL_BUGS, help="run against a planted bug")
+
+
+def _scenarios(args: argparse.Namespace, many: bool) -> list[str]:
+    if args.bug is not None:
+        owner = scenario_of_bug(args.bug)
+        if args.scenario not in (None, "all", owner):
+            raise SystemExit(f"--bug {args.bug} belongs to the {owner} scenario")
+        return [owner]
+    if args.scenario in (None, "all"):
+        return list(SCENARIOS) if many else ["kv"]
+    return [args.scenario]
 
 
 def sweep(argv: Sequence[str]) -> int:
@@ -36,48 +71,58 @@ def sweep(argv: Sequence[str]) -> int:
         action="store_true",
         help="also replay the first seed in a subprocess with another PYTHONHASHSEED",
     )
-    _bug_arg(parser)
+    _common_args(parser, many=True)
     args = parser.parse_args(argv)
-    started = time.perf_counter()
-    failed = ops = 0
-    for seed in range(args.start, args.start + args.seeds):
-        result = run_kv_seed(seed, args.bug)
-        ops += result.ops
-        if not result.ok:
-            failed += 1
-            print(f"seed {seed}: FAILED ({result.ops} ops, {result.crashes} crashes)")
-            for v in result.violations[:5]:
-                print(f"  {v}")
-            if len(result.violations) > 5:
-                print(f"  ... and {len(result.violations) - 5} more")
-            print(f"  replay: {replay_command(seed, args.bug)}")
-    elapsed = time.perf_counter() - started
-    print(
-        f"{args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}), {failed} failed, "
-        f"{ops} operations checked ({ops / max(args.seeds, 1):.0f}/seed), "
-        f"{elapsed:.1f} s ({args.seeds / elapsed:.1f} seeds/s)"
-    )
-    if args.check_determinism and not selfcheck(args.start, args.bug):
-        return 1
-    return 1 if failed else 0
+    ok = True
+    for scenario in _scenarios(args, many=True):
+        started = time.perf_counter()
+        failed = ops = 0
+        for seed in range(args.start, args.start + args.seeds):
+            result = run_seed(scenario, seed, args.bug, args.faults)
+            ops += result.ops
+            if not result.ok:
+                failed += 1
+                print(
+                    f"{scenario} seed {seed}: FAILED ({result.ops} ops, {result.crashes} crashes)"
+                )
+                for v in result.violations[:5]:
+                    print(f"  {v}")
+                if len(result.violations) > 5:
+                    print(f"  ... and {len(result.violations) - 5} more")
+                print(f"  replay: {replay_command(seed, args.bug, scenario, args.faults)}")
+        elapsed = time.perf_counter() - started
+        print(
+            f"{scenario}: {args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}), "
+            f"{failed} failed, {ops} operations checked ({ops / max(args.seeds, 1):.0f}/seed), "
+            f"{elapsed:.1f} s ({args.seeds / elapsed:.1f} seeds/s)"
+        )
+        ok = ok and not failed
+        if args.check_determinism and not selfcheck(scenario, args.start, args.bug, args.faults):
+            ok = False
+    return 0 if ok else 1
 
 
-def seed_hash(seed: int, bug: str | None) -> str:
-    return run_kv_seed(seed, bug).trace_hash
+def _flags(scenario: str, bug: str | None, faults: frozenset[str]) -> list[str]:
+    out = ["--scenario", scenario]
+    if faults != ALL_FAULTS:
+        out += ["--faults", ",".join(sorted(faults)) or "none"]
+    return out + (["--bug", bug] if bug else [])
 
 
-def selfcheck(seed: int, bug: str | None = None) -> bool:
+def selfcheck(
+    scenario: str, seed: int, bug: str | None = None, faults: frozenset[str] = ALL_FAULTS
+) -> bool:
     """Run ``seed`` twice here and once in a subprocess with another PYTHONHASHSEED."""
-    first = seed_hash(seed, bug)
-    second = seed_hash(seed, bug)
+    first = run_seed(scenario, seed, bug, faults).trace_hash
+    second = run_seed(scenario, seed, bug, faults).trace_hash
     env = dict(os.environ)
     env["PYTHONHASHSEED"] = str((int(env.get("PYTHONHASHSEED", "0") or 0) + 12345) % 4294967295)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "sim", "hash", str(seed)] + (["--bug", bug] if bug else [])
+    cmd = [sys.executable, "-m", "sim", "hash", str(seed), *_flags(scenario, bug, faults)]
     other = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.strip()
     same = first == second == other
     print(
-        f"determinism self-check, seed {seed}: {'ok' if same else 'MISMATCH'} "
+        f"determinism self-check, {scenario} seed {seed}: {'ok' if same else 'MISMATCH'} "
         f"(here {first[:16]}, again {second[:16]}, "
         f"PYTHONHASHSEED={env['PYTHONHASHSEED']} {other[:16]})"
     )
@@ -103,27 +148,57 @@ def print_replay(result: SeedResult, everything: bool, out: list[str]) -> None:
         out.extend(history.lines())
         return
     out.append("")
-    out.extend(_around(history, result.violations[0].ops))
+    first = result.violations[0]
+    out.extend(_around(history, first.ops, first.entries))
 
 
-def _around(history: History, op_ids: Sequence[int], context: int = 6) -> list[str]:
-    """Entries of the violation's keys and every fault, from a little before its first
-    operation to a little after its last."""
+def _subject(entry_op: object, detail: dict[str, object] | None) -> object:
+    """What an entry is about: a key, a timer, a queue or an actor (None: unknown)."""
+    if detail is not None:
+        return detail.get("actor", detail.get("queue"))
+    args = getattr(entry_op, "args", {})
+    return args.get("key", args.get("timer", args.get("queue")))
+
+
+def _around(
+    history: History, op_ids: Sequence[int], entries: Sequence[int], context: int = 6
+) -> list[str]:
+    """Entries about the violation's subjects (keys, timers, queues) and every fault, from a
+    little before its first operation or observation to a little after its last."""
     ops = [history.ops[i] for i in op_ids]
-    keys: set[bytes] = {op.args["key"] for op in ops if "key" in op.args}
-    indexes = [op.invoke_index for op in ops] + [
-        int(op.complete_index) for op in ops if op.complete_index != float("inf")
-    ]
+    observed = [e for e in history.entries if e.index in set(entries)]
+    subjects = {_subject(op, None) for op in ops} | {
+        _subject(None, e.fault.detail) for e in observed if e.fault is not None
+    }
+    subjects.discard(None)
+    indexes = (
+        [op.invoke_index for op in ops]
+        + [int(op.complete_index) for op in ops if op.complete_index != float("inf")]
+        + list(entries)
+    )
     lo, hi = min(indexes) - context, max(indexes) + context
-    lines = [f"history entries {max(lo, 0)}..{hi} about keys {sorted(keys)} (>> marks the ops):"]
+    lines = [
+        f"history entries {max(lo, 0)}..{hi} about {sorted(map(str, subjects))} (>> marks them):"
+    ]
     for entry in history.entries:
         if not lo <= entry.index <= hi:
             continue
         op = entry.op
-        if op is not None and keys and op.args.get("key") not in keys and op.kind != "kv.list":
+        if op is not None:
+            about = _subject(op, None)
+        elif entry.what == "observe" and entry.fault is not None:
+            about = _subject(None, entry.fault.detail)
+        else:
+            about = None  # faults and notes: always shown
+        if (
+            subjects
+            and about is not None
+            and about not in subjects
+            and not (op and op.kind == "kv.list")
+        ):
             continue
-        mark = ">>" if op is not None and op.id in op_ids else "  "
-        lines.append(f"{mark} {history.line(entry)}")
+        marked = (op is not None and op.id in op_ids) or entry.index in entries
+        lines.append(f"{'>>' if marked else '  '} {history.line(entry)}")
     return lines
 
 
@@ -132,17 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("replay", "hash", "selfcheck"):
         parser = argparse.ArgumentParser(prog=f"python -m sim {argv[0]}")
         parser.add_argument("seed", type=int)
-        _bug_arg(parser)
+        _common_args(parser, many=False)
         if argv[0] == "replay":
             parser.add_argument("--all", action="store_true", help="print the whole history")
         args = parser.parse_args(argv[1:])
+        (scenario,) = _scenarios(args, many=False)
         if argv[0] == "hash":
-            print(seed_hash(args.seed, args.bug))
+            print(run_seed(scenario, args.seed, args.bug, args.faults).trace_hash)
             return 0
         if argv[0] == "selfcheck":
-            return 0 if selfcheck(args.seed, args.bug) else 1
+            return 0 if selfcheck(scenario, args.seed, args.bug, args.faults) else 1
         out: list[str] = []
-        result = run_kv_seed(args.seed, args.bug)
+        result = run_seed(scenario, args.seed, args.bug, args.faults)
         print_replay(result, args.all, out)
         print("\n".join(out))
         return 0 if result.ok else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import actorkeep as ak
+from actorkeep.host import Activation, Host
 from shards import KVShard
 
 
@@ -38,4 +39,29 @@ BUGS: dict[str, type[KVShard]] = {
     "reuse-versions": ReusingShard,
     "blind-cas": BlindCasShard,
     "lazy-durable": LazyDurableShard,
+}
+
+
+class EarlyAlarmHost(Host):
+    """Treats an alarm as due up to half a second before its time."""
+
+    def _alarm_horizon(self) -> float:
+        return self.clock.now() + 0.5
+
+
+class PlainClearHost(Host):
+    """Drops a fired alarm's index entry at once, before the row's deletion is durable: power
+    loss can then bring the row back with nothing to wake it (a bug the alarm checker found
+    in actorkeep itself)."""
+
+    async def _forget_alarm(self, act: Activation, token: object) -> None:
+        if self._clearing.get(act.address) is token:
+            del self._clearing[act.address]
+            self.alarm_index.remove(act.address)
+        self._alarms_running.discard(act.address)
+
+
+ALARM_BUGS: dict[str, type[Host]] = {
+    "early-alarm": EarlyAlarmHost,
+    "plain-clear": PlainClearHost,
 }

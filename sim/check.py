@@ -14,6 +14,7 @@ class Violation:
     invariant: str
     message: str
     ops: tuple[int, ...] = field(default=())
+    entries: tuple[int, ...] = field(default=())  # history entries (observations) involved
 
     def __str__(self) -> str:
         ops = f" (ops {', '.join(f'#{i}' for i in self.ops)})" if self.ops else ""

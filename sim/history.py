@@ -61,7 +61,7 @@ class Entry:
     """One line of the history: an invocation, a completion, a fault or a note."""
 
     index: int
-    what: Literal["invoke", "complete", "fault", "note"]
+    what: Literal["invoke", "complete", "fault", "observe", "note"]
     op: Op | None = None
     fault: Fault | None = None
     text: str = ""
@@ -85,6 +85,7 @@ class History:
         self.entries: list[Entry] = []
         self.ops: list[Op] = []
         self.faults: list[Fault] = []
+        self.observations: list[Fault] = []  # what the app reported from inside (e.g. fires)
 
     def _next(self) -> int:
         return len(self.entries)
@@ -115,6 +116,13 @@ class History:
         self.entries.append(Entry(f.index, "fault", fault=f))
         return f
 
+    def observe(self, kind: str, now: float, **detail: Any) -> Fault:
+        """Something the app saw from inside, in the same order (an alarm firing, a delivery)."""
+        f = Fault(self._next(), now, kind, detail)
+        self.observations.append(f)
+        self.entries.append(Entry(f.index, "observe", fault=f))
+        return f
+
     def note(self, text: str) -> None:
         self.entries.append(Entry(self._next(), "note", text=text))
 
@@ -133,9 +141,8 @@ class History:
             )
         if entry.fault is not None:
             f = entry.fault
-            return (
-                f"{entry.index:5d} {f.time:.6f} {'world':>6} FAULT    {f.kind} {render(f.detail)}"
-            )
+            who, what = ("app", "OBSERVE ") if entry.what == "observe" else ("world", "FAULT   ")
+            return f"{entry.index:5d} {f.time:.6f} {who:>6} {what} {f.kind} {render(f.detail)}"
         return f"{entry.index:5d} {'':17} {'':>6} note     {entry.text}"
 
     def lines(self) -> Iterator[str]:

@@ -137,7 +137,7 @@ class KVChecker:
             elif kind == "kv.delete_if":
                 assert add is not None
                 self._expected(op, add)
-        elif op.status == "fail" and kind in ("kv.cas", "kv.delete_if"):
+        elif op.status == "fail" and kind in ("kv.cas", "kv.delete_if") and "conflict" in r:
             assert add is not None
             current, expect = r["conflict"], a["expect"]
             add(Obs(op, a["key"], current))

@@ -51,6 +51,10 @@ class KVClientActor(ak.Actor):
                 return ["ok", entries, page.cursor]
         except ak.kv.Conflict as exc:
             return ["conflict", exc.current_version]
+        except ak.Overloaded as exc:  # refused before a shard saw it: nothing happened
+            return ["refused", str(exc)]
+        except ak.CallTimeout as exc:  # a lost reply: it may or may not have happened
+            return ["lost", str(exc)]
         raise ValueError(f"unknown op {name!r}")
 
 
@@ -76,9 +80,14 @@ def make_app(n_shards: int, shard_cls: type[ak.Actor] = shards.KVShard) -> ak.Ap
 
 
 def classify(reply: Any) -> tuple[Status, Any]:
-    """``["ok", ...]`` is ok; ``["conflict", v]`` is a definite failure (nothing written)."""
+    """``["ok", ...]`` is ok; ``["conflict", v]`` and ``["refused", why]`` are definite
+    failures (nothing written); ``["lost", why]`` (a lost reply) is unknown."""
     if reply[0] == "conflict":
         return "fail", {"conflict": reply[1]}
+    if reply[0] == "refused":
+        return "fail", {"refused": reply[1]}
+    if reply[0] == "lost":
+        return "unknown", {"lost": reply[1]}
     return "ok", reply[1] if len(reply) == 2 else reply[1:]
 
 
@@ -170,11 +179,11 @@ def _learn(
         elif kind == "kv.list":
             for key, _, version, _ in result[0]:
                 note(key, version)
-    elif status == "fail":
+    elif status == "fail" and "conflict" in result:
         note(args["key"], result["conflict"])
 
 
-async def kv_faults(
+async def timed_faults(
     world: World, rng: random.Random, count: int, span: float, power_p: float
 ) -> None:
     """``count`` timed crashes or power losses spread over ``span`` virtual seconds."""
@@ -209,10 +218,9 @@ def run_kv_workload(
             if fault_count:
                 span = plan.ops_per_process * (sum(plan.think) / len(plan.think) + 0.005) + 0.05
                 nursery.start_soon(
-                    kv_faults, w, rng_for("timed-faults"), fault_count, span, power_p
+                    timed_faults, w, rng_for("timed-faults"), fault_count, span, power_p
                 )
-        w.history.note("heal: faults over, final reads")
-        w.faults.crash_after_sync_p = 0.0
+        w.heal()
         await kv_final_reads(w, plan)
 
     return main

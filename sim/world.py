@@ -36,6 +36,7 @@ from actorkeep.host import Host
 from actorkeep.http import Response
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
+from .faults import SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
 
@@ -58,6 +59,14 @@ class Faults:
     ``power_loss_p``), restarting after a downtime up to ``downtime_max``; at most
     ``max_crashes`` such crashes per run. ``rollback_p``: per file, the chance that power loss
     rolls it back to its last durable image.
+
+    Between actors (not on the world's own calls): ``call_delay_p`` delays a call by up to
+    ``call_delay_max`` seconds; ``call_refuse_p`` refuses it with ``Overloaded`` before the
+    callee sees it; ``reply_loss_p`` loses the reply (``CallTimeout`` after the callee ran).
+    ``alarm_late_p`` hands a due alarm to its actor up to ``alarm_late_max`` seconds late.
+    ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.faults.SITES``, and any
+    ``self.buggify(site)`` in the app): each is enabled with probability 0.25 per run and
+    then fires a quarter of the times it is reached.
     """
 
     fsync_delay_p: float = 0.0
@@ -67,6 +76,20 @@ class Faults:
     downtime_max: float = 1.0
     max_crashes: int = 2
     rollback_p: float = 0.5
+    call_delay_p: float = 0.0
+    call_delay_max: float = 0.05
+    call_refuse_p: float = 0.0
+    reply_loss_p: float = 0.0
+    alarm_late_p: float = 0.0
+    alarm_late_max: float = 2.0
+    buggify: bool = False
+
+    def heal(self) -> None:
+        """Stop injecting faults (slow fsyncs stay: they are not failures)."""
+        self.crash_after_sync_p = 0.0
+        self.call_delay_p = self.call_refuse_p = self.reply_loss_p = 0.0
+        self.alarm_late_p = 0.0
+        self.buggify = False
 
 
 class Incarnation:
@@ -94,14 +117,17 @@ class World:
         faults: Faults | None = None,
         anchor: float = ANCHOR,
         host_options: Mapping[str, Any] | None = None,
+        host_class: type[Host] = Host,
     ) -> None:
         self.app = app
+        self.host_class = host_class
         self.seed = seed
         self.faults = faults if faults is not None else Faults()
         self.clock = Clock(anchor=anchor)
         self.history = History()
         self.host_options = dict(host_options or {})
         self._fault_rng = self.rng("world-faults")
+        self.hooks = SimHooks(self, self.rng("hooks"))
         self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)
         self.current: Incarnation | None = None
         self.incarnations = 0
@@ -163,8 +189,13 @@ class World:
         self.incarnations += 1
         n = self.incarnations
         view = self.storage.view()
-        host = Host(
-            self.app, view, clock=self.clock, rng=self.rng(f"host/{n}"), **self.host_options
+        host = self.host_class(
+            self.app,
+            view,
+            clock=self.clock,
+            rng=self.rng(f"host/{n}"),
+            faults=self.hooks,
+            **self.host_options,
         )
         inc = Incarnation(n, host, view)
         await self._nursery.start(self._run_host, inc)
@@ -244,6 +275,12 @@ class World:
         new = await self.start()
         self.history.fault("restart", self.now(), host=new.number)
         return new
+
+    def heal(self) -> None:
+        """End the fault phase: no more injected crashes, call faults, late alarms or BUGGIFY
+        (timed faults are the caller's to stop). What follows should show liveness."""
+        self.faults.heal()
+        self.history.note("heal: no more injected faults")
 
     def _fsync_delay(self) -> float:
         f = self.faults

@@ -170,8 +170,8 @@ def test_a_planted_bug_is_reported_with_its_seed(
     assert {v.invariant for v in result.violations} & invariants
     assert sim_main(["--seeds", "1", "--start", str(seed), "--bug", bug]) == 1
     out = capsys.readouterr().out
-    assert f"seed {seed}: FAILED" in out
-    assert f"replay: python -m sim replay {seed} --bug {bug}" in out
+    assert f"kv seed {seed}: FAILED" in out
+    assert f"replay: python -m sim replay {seed} --scenario kv --bug {bug}" in out
     assert sim_main(["replay", str(seed), "--bug", bug]) == 1
     assert "VIOLATION" in capsys.readouterr().out
 
