@@ -70,16 +70,23 @@ class Actor:
         """
         return self._ak.host.buggify(site)
 
-    async def set_alarm(self, at: float) -> None:
+    async def set_alarm(self, at: float, *, durable: bool = True) -> None:
         """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.
 
         Durable when it returns. ``TypeError`` if the class has no ``alarm`` method.
+
+        ``durable=False`` writes it like ``sql.exec``: no fsync once the host's index has a
+        durable entry for this actor (the first call pays one for that), and the actor's next
+        durable write makes it durable. A process crash keeps it. Power loss before that may
+        bring back the alarm it replaced (or none, if none was durable), and the alarm that
+        comes back may fire as late as any time set since. For alarms that only need to fire
+        at least once, soon: a debounce, a queue's wake-up.
         """
         if not callable(getattr(self, "alarm", None)):
             raise TypeError(f"{type(self).__name__} has no alarm() method to call")
         if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
             raise ValueError(f"alarm time must be a finite number of epoch seconds, not {at!r}")
-        await self._ak.set_alarm(float(at))
+        await self._ak.set_alarm(float(at), durable=durable)
 
     def get_alarm(self) -> float | None:
         """The time the alarm is set for, or ``None``."""

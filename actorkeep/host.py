@@ -224,6 +224,7 @@ class Activation:
         "current",
         "db",
         "host",
+        "index_durable",
         "instance",
         "last_used",
         "name",
@@ -251,6 +252,7 @@ class Activation:
         self.instance: Actor | None = None
         self.alarm: AlarmState | None = None
         self.alarm_touched = False
+        self.index_durable = False  # this address has an index entry that power loss keeps
         self.sa_engine: sqlalchemy.Engine | None = None
         self.last_used = trio.current_time()
 
@@ -336,13 +338,20 @@ class Activation:
         return db
 
     async def set_alarm(
-        self, at: float, scheduled_at: float | None = None, retries: int = 0
+        self,
+        at: float,
+        scheduled_at: float | None = None,
+        retries: int = 0,
+        durable: bool = True,
     ) -> None:
         db = self._ensure_writable("set_alarm")
         self.host._clearing.pop(self.address, None)  # the index entry is this alarm's now
         state = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
         index = self.host.alarm_index
-        if self._rearm_at_once(at):
+        if self._rearm_at_once(at) or (not durable and self.index_durable):
+            # Plain writes of the index and the row. Power loss keeps an index entry for this
+            # address (entries go only after a durable deletion), so whatever row survives is
+            # woken, at worst at a later time set meanwhile.
             index.put(self.address, at)
             self._write_alarm(db, state)
             return
@@ -351,7 +360,10 @@ class Activation:
         old = self.alarm
         index.put(self.address, at if old is None else min(old.at, at))
         await index.sync()
+        self.index_durable = True
         self._write_alarm(db, state)
+        if not durable:
+            return  # the row becomes durable with the actor's next durable write
         await db.sync()
         if old is not None and old.at < at:
             index.put(self.address, at)  # an early wake-up is harmless: see _run_alarm
@@ -416,6 +428,7 @@ class Activation:
         # Only now the index: were the entry gone and the row not, power loss could leave an
         # alarm that no index entry would ever wake.
         self.host.alarm_index.remove(self.address)
+        self.index_durable = False
 
 
 class Host:
@@ -978,6 +991,7 @@ class Host:
                 await act.db.sync()
                 if act.alarm is None:
                     self.alarm_index.remove(address)
+                    act.index_durable = False
             elif state.at > self._alarm_horizon():
                 self.alarm_index.put(address, state.at)  # moved later by an earlier event
             else:
@@ -1032,6 +1046,7 @@ class Host:
         else:
             if self._clearing.get(address) is token:
                 self.alarm_index.remove(address)
+                act.index_durable = False
         finally:
             if self._clearing.get(address) is token:
                 del self._clearing[address]

@@ -495,3 +495,115 @@ async def test_delete_alarm_drops_the_index_entry_only_once_the_row_is_gone_dura
         resp = await host.request("POST", "/timer/a/_rpc/delete")
         assert resp.status == 500
         assert host.host.alarm_index.get("timer/a") == at  # still indexed: nothing is stranded
+
+
+# -- set_alarm(durable=False) -----------------------------------------------------------------
+@app.actor("lazy")
+class Lazy(ak.Actor):
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS w (n INTEGER)")
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
+
+    @ak.rpc
+    async def arm(self, at: float, durable: bool) -> None:
+        await self.set_alarm(at, durable=durable)
+
+    @ak.rpc
+    async def write(self) -> None:
+        await self.sql.exec_durable("INSERT INTO w VALUES (1)")
+
+    @ak.rpc
+    async def alarm_at(self) -> float | None:
+        return self.get_alarm()
+
+
+async def test_a_plain_alarm_pays_one_index_fsync_then_none(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorkeep.storage import FileDatabase
+
+    syncs: list[str] = []
+    real_sync = FileDatabase.sync
+
+    async def counting_sync(self: FileDatabase) -> None:
+        syncs.append(self.path.name)
+        await real_sync(self)
+
+    monkeypatch.setattr(FileDatabase, "sync", counting_sync)
+    async with open_host(app, data_dir) as host:
+        t0 = host.host.clock.now()
+        await rpc(host, "lazy/a", "arm", at=t0 + 100, durable=False)
+        assert syncs == ["host.sqlite"]  # the index entry, made durable once
+        for k in range(5):
+            await rpc(host, "lazy/a", "arm", at=t0 + 50 - k, durable=False)
+        assert syncs == ["host.sqlite"]
+        assert await rpc(host, "lazy/a", "alarm_at") == t0 + 46
+        await rpc(host, "lazy/a", "arm", at=t0 + 40, durable=True)
+        assert len(syncs) == 3  # a durable set: the index, then the actor's file
+
+
+def _lazy_world(seed: int = 1) -> Any:
+    from sim import Faults, World
+
+    return World(app, seed, faults=Faults(rollback_p=1.0))
+
+
+def test_a_plain_alarm_survives_a_process_crash() -> None:
+    async def main(w: Any) -> list[tuple[str, float, float, int]]:
+        at = w.now() + 5
+        await w.rpc("lazy/a", "arm", at=at, durable=False)
+        w.crash(power_loss=False)
+        await w.restart()
+        await trio.sleep(10)
+        return [f for f in fired if f[0] == "lazy/a"]
+
+    got = _lazy_world().run(main)
+    assert [(a, s) for a, _, s, _ in got] == [("lazy/a", got[0][2])] and got[0][1] >= got[0][2]
+
+
+def test_power_loss_brings_back_the_durable_alarm_a_plain_one_replaced() -> None:
+    async def main(w: Any) -> list[float]:
+        durable_at = w.now() + 5
+        await w.rpc("lazy/a", "arm", at=durable_at, durable=True)
+        await w.rpc("lazy/a", "arm", at=w.now() + 1, durable=False)
+        w.crash(power_loss=True)
+        await w.restart()
+        assert await w.rpc("lazy/a", "alarm_at") == durable_at
+        await trio.sleep(10)
+        return [s for a, _, s, _ in fired if a == "lazy/a"]
+
+    fired.clear()
+    got = _lazy_world().run(main)
+    assert len(got) == 1 and got[0] > 1_700_000_004  # the durable one, at its time
+
+
+def test_the_next_durable_write_makes_a_plain_alarm_durable() -> None:
+    async def main(w: Any) -> list[float]:
+        at = w.now() + 3
+        await w.rpc("lazy/a", "arm", at=at, durable=False)  # no alarm before it
+        await w.rpc("lazy/a", "write")
+        w.crash(power_loss=True)
+        await w.restart()
+        await trio.sleep(10)
+        return [s for a, _, s, _ in fired if a == "lazy/a"]
+
+    fired.clear()
+    got = _lazy_world().run(main)
+    assert len(got) == 1 and got[0] == pytest.approx(1_700_000_003, abs=0.01)
+
+
+def test_a_lost_plain_alarm_with_nothing_before_it_leaves_no_ghost() -> None:
+    async def main(w: Any) -> tuple[float | None, int]:
+        await w.rpc("lazy/a", "arm", at=w.now() + 3, durable=False)
+        w.crash(power_loss=True)
+        await w.restart()
+        await trio.sleep(10)
+        n = sum(1 for a, *_ in fired if a == "lazy/a")
+        assert w.current is not None
+        entry = w.current.host.alarm_index.get("lazy/a")
+        return entry, n
+
+    fired.clear()
+    assert _lazy_world().run(main) == (None, 0)  # the woken index entry found nothing, left
