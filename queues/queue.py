@@ -6,11 +6,14 @@ and ``leased = 0``; a leased one has ``visible_at > now`` (the lease's end) and 
 A lease that runs out is simply visible again (``visible_at <= now``), with ``leased`` still 1
 until it is leased again or retried, so ``(id, attempts)`` stays the current lease until then.
 
-Sends are one durable multi-row INSERT. Lease, settle and extend use plain writes: losing one
-in a crash means a message is delivered again, which at-least-once allows. Dead-lettering moves
-rows in one transaction. The one alarm is kept at the earliest time anything is due: the next
-visible message and lease end (push queues), the end of a lease on its last attempt (every
-queue: it must reach the dead letters), and the next dead letter past its retention.
+Sends are one durable multi-row INSERT. A pull ``lease`` is made durable before it answers, so
+a lease name ``(id, attempt)`` a worker holds is never handed out again, not even after power
+loss. Settle and extend, and the leases of push delivery (whose names never leave the alarm
+event), use plain writes: losing one to power loss means a message is delivered again, which
+at-least-once allows. Dead-lettering moves rows in one transaction. The one alarm is kept at
+the earliest time anything is due: the next visible message and lease end (push queues), the
+end of a lease on its last attempt (every queue: it must reach the dead letters), and the next
+dead letter past its retention.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ from actorkeep.queue import (
 )
 
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
+#: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
+#: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
+#: a busy or recently busy queue pays one fsync, its insert (decision 0008).
+LINGER = 2.0
 _REPLY_HEADERS = Headers._from_lower(dict(MSGPACK_HEADERS))
 
 SCHEMA = (
@@ -148,8 +155,7 @@ class Queue(ak.Actor):
         check_map(m, "lease", {"max", "visibility"}, ("max", "visibility"))
         n = check_int(m["max"], "max", 1, MAX_BATCH)
         visibility = check_positive_seconds(m["visibility"], "visibility")
-        leases = self.lease(self.now(), n, visibility)
-        await self._arm_after_lease(leases, visibility)
+        leases = await self.pull_lease(n, visibility)
         return {"leases": [lease_to_wire(x) for x in leases]}
 
     async def _op_settle(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -336,8 +342,22 @@ class Queue(ak.Actor):
         # One statement by one writer: the ids are consecutive, in the order of the rows.
         return sorted(r[0] for r in written.rows)
 
+    async def pull_lease(self, n: int, visibility: float) -> list[Lease]:
+        """Lease for a pull worker: durable before the lease names leave this event.
+
+        A worker holds ``(id, attempt)`` outside the queue, so power loss must not undo the
+        lease: the next lease of the message would carry the same name, and the first holder's
+        late ack would settle it. One fsync per ``lease`` call (decision 0008).
+        """
+        leases = self.lease(self.now(), n, visibility)
+        if leases:
+            await self._arm_after_lease(leases, visibility)
+            await self.sql.sync()
+        return leases
+
     def lease(self, now: float, n: int, visibility: float) -> list[Lease]:
-        """Lease up to ``n`` visible messages until ``now + visibility`` (plain writes)."""
+        """Lease up to ``n`` visible messages until ``now + visibility`` (plain writes: the
+        pull path makes them durable in ``pull_lease``, push delivery leaves them plain)."""
         with self.sql.transaction():
             self.sweep(now)
             rows = self.sql.exec(
@@ -441,10 +461,23 @@ class Queue(ak.Actor):
         return float(due) if due is not None else None
 
     async def _arm_by(self, at: float) -> None:
-        """Make sure the alarm fires no later than ``at`` (set it only if that moves it)."""
+        """Make sure the alarm fires no later than ``at`` (set it only if that moves it).
+
+        Callers arm before their durable write, which then makes a plain alarm durable too.
+        """
         current = self.get_alarm()
         if current is None or current > at:
-            await self.set_alarm(at)
+            await self._set_alarm_near_plain(at, current)
+
+    async def _set_alarm_near_plain(self, at: float, current: float | None) -> None:
+        """Set the alarm; without an fsync when both it and the one it replaces are due within
+        ``LINGER``. Power loss can then bring back an alarm that fires at most ``LINGER`` late
+        (the host's index entry left by power loss is one of these near times), never lose
+        one. A far alarm, or moving one from far to near, is durable, so a far time never
+        lingers in the index under a near alarm."""
+        horizon = self.now() + LINGER
+        near = at <= horizon and (current is None or current <= horizon)
+        await self.set_alarm(at, durable=not near)
 
     async def _arm_after_lease(self, leases: list[Lease], visibility: float) -> None:
         if not leases:
@@ -460,14 +493,19 @@ class Queue(ak.Actor):
         cfg = self.cfg
         now = self.now()
         self.sweep_now(now)
+        pushed = False
         if cfg.consumer is not None:
             leases = self.lease(now, cfg.batch_size, cfg.visibility)
             if leases:
                 await self._push(cfg.consumer, cfg.visibility, leases)
+                pushed = True
         due = self.next_due()
+        if due is None and pushed:
+            due = now + LINGER  # stay armed a little: the next send then needs no fsync
         if due is not None:
             # Always set: an alarm left untouched by its own event is cleared by the host.
-            await self.set_alarm(due)
+            # The stored alarm is the one that fired (durable, due): a plain set is safe.
+            await self._set_alarm_near_plain(due, self.get_alarm())
 
     async def _push(self, consumer: str, visibility: float, leases: list[Lease]) -> None:
         """One delivery call; apply the outcomes, or retry the whole batch with backoff."""

@@ -19,16 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .history import History
-from .scenario import (
-    ALL_FAULTS,
-    FAULT_KINDS,
-    SCENARIOS,
-    SeedResult,
-    parse_faults,
-    replay_command,
-    run_seed,
-    scenario_of_bug,
-)
+from .scenario import ALL_FAULTS, FAULT_KINDS, SeedResult, parse_faults, replay_command
+from .scenarios import SCENARIOS, run_seed, scenario_of_bug
 
 _ROOT = Path(__file__).resolve().parent.parent
 _ALL_BUGS = sorted(b for _, bugs in SCENARIOS.values() for b in bugs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import shards
@@ -235,27 +234,3 @@ def run_alarm_seed(
     violations = check_errors(history) + check_alarms(history)
     ops = len(history.ops) + sum(1 for o in history.observations if o.kind == "fire")
     return _result(seed, world, violations, ops, started, summary)
-
-
-RunSeed = Callable[[int, "str | None", frozenset[str]], SeedResult]
-
-#: Scenario name -> (runner, its planted bugs).
-SCENARIOS: dict[str, tuple[RunSeed, Mapping[str, object]]] = {
-    "kv": (run_kv_seed, BUGS),
-    "alarms": (run_alarm_seed, ALARM_BUGS),
-}
-
-
-def scenario_of_bug(bug: str) -> str:
-    for name, (_, bugs) in SCENARIOS.items():
-        if bug in bugs:
-            return name
-    raise ValueError(f"no scenario has a planted bug {bug!r}")
-
-
-def run_seed(
-    scenario: str, seed: int, bug: str | None = None, faults: frozenset[str] = ALL_FAULTS
-) -> SeedResult:
-    """Run one seed of the named scenario."""
-    runner, _ = SCENARIOS[scenario]
-    return runner(seed, bug, faults)

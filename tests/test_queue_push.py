@@ -13,6 +13,7 @@ import actorkeep as ak
 from actorkeep import codec
 from actorkeep.queue import DELIVER_PATH, Config, Lease, RetryLater, encode_deliver
 from actorkeep.testing import open_host
+from queues.queue import LINGER
 from tests.queue_support import Remote, alarm_of, app, deliveries, inside, now, picky_seen
 
 
@@ -40,6 +41,9 @@ async def test_push_delivers_in_batches_and_goes_quiet(
         assert {s[2] for s in deliveries.seen} == {1}
         st = await q.stats()
         assert (st.ready, st.delayed, st.leased) == (0, 0, 0)
+        lingers = alarm_of(host)  # armed a little longer, so that a next send needs no fsync
+        assert lingers is not None and lingers <= now(host) + LINGER
+        await trio.sleep(LINGER)
         assert alarm_of(host) is None  # a quiet queue has no alarm
 
 
@@ -103,6 +107,7 @@ async def test_handler_outcomes(data_dir: Path, autojump_clock: trio.testing.Moc
             (2, True),
         ]
         assert await q.get(later) is None
+        await trio.sleep(LINGER)
         assert alarm_of(host) is None
 
 
