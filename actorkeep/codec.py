@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 import msgpack
@@ -45,9 +46,25 @@ def encode(value: Any, encoding: Encoding) -> bytes:
     if encoding == "msgpack":
         return pack(value)
     try:
-        return json.dumps(value, separators=(",", ":")).encode()
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     except ValueError as exc:  # NaN/inf are refused: JSON has no such numbers
         raise TypeError(str(exc)) from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_loads(body: bytes) -> Any:
+    """Strict JSON: NaN, Infinity and numbers that overflow a float are refused."""
+    return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
 
 
 def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
@@ -55,7 +72,7 @@ def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
     if not body:
         return {}
     try:
-        args = unpack(body) if encoding == "msgpack" else json.loads(body)
+        args = unpack(body) if encoding == "msgpack" else _json_loads(body)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ValueError(f"body is not valid {encoding}: {exc}") from None
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
@@ -66,6 +83,6 @@ def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
 def decode_result(body: bytes, encoding: Encoding) -> Any:
     """Decode a result; ``ValueError`` if malformed."""
     try:
-        return unpack(body) if encoding == "msgpack" else json.loads(body)
+        return unpack(body) if encoding == "msgpack" else _json_loads(body)
     except Exception as exc:
         raise ValueError(f"reply is not valid {encoding}: {exc}") from None

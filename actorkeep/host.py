@@ -605,7 +605,17 @@ class Host:
                 return error_response(
                     404, "NotFound", f"{class_name} has no route {request.method} {request.path}"
                 )
-            ev = Event(found[0], request, chain, found[1], inline=router.inline[found[0]])
+            fn, params = found
+            parse = router.parsers.get(fn)
+            if parse is not None:
+                try:
+                    parsed = parse(f"{class_name}/{name}", request, **params)
+                except ValueError as exc:
+                    return error_response(400, "BadRequest", str(exc))
+                if isinstance(parsed, Response):
+                    return parsed
+                request.parsed = parsed
+            ev = Event(fn, request, chain, params, inline=router.inline[fn])
         return await self._dispatch(f"{class_name}/{name}", spec, name, ev, timeout)
 
     async def call_rpc(

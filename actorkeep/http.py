@@ -47,10 +47,10 @@ class Request:
     """What a ``@route`` handler receives.
 
     ``caller`` is the address of the calling actor as vouched for by the host, or ``None``
-    for a request from outside.
+    for a request from outside. ``parsed`` is what the route's ``parse`` function returned.
     """
 
-    __slots__ = ("body", "caller", "headers", "method", "path", "query")
+    __slots__ = ("body", "caller", "headers", "method", "parsed", "path", "query")
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class Request:
         self.headers = headers if headers is not None else Headers()
         self.body = body
         self.caller = caller
+        self.parsed: Any = None
 
     def json(self) -> Any:
         """The body decoded as JSON (``ValueError`` if it is not JSON)."""

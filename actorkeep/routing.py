@@ -13,6 +13,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 RPC_PREFIX = "/_rpc/"
 _ROUTES_ATTR = "__actorkeep_routes__"
 _RPC_ATTR = "__actorkeep_rpc__"
+_PARSE_ATTR = "__actorkeep_parse__"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -37,11 +38,22 @@ def never_suspends(fn: Callable[..., Any]) -> bool:
     return not any(ins.opname in _YIELD_OPS for ins in dis.get_instructions(code))
 
 
-def route(method: str, path: str) -> Callable[[F], F]:
+#: ``parse(address, request, **params)``: the parsed request (``request.parsed``), or a
+#: ``Response`` that answers it at once; ``ValueError`` answers 400.
+Parser = Callable[..., Any]
+
+
+def route(method: str, path: str, *, parse: Parser | None = None) -> Callable[[F], F]:
     """Mark an ``async def handler(self, req, **params) -> Response`` for ``method path``.
 
     ``path`` may hold ``{param}`` segments; each matches one path segment and is passed to the
     handler as a keyword argument (percent-decoded). Stack the decorator for several routes.
+
+    ``parse(address, req, **params)``, if given, runs before the actor is created or woken: it
+    returns what the handler finds in ``req.parsed``, or an ``ak.Response`` to answer without
+    running the handler; a ``ValueError`` answers 400 with its message. Use it to check a body
+    so that a refused request never creates the actor's file. It must not suspend or touch
+    storage.
     """
     method = method.upper()
     if method not in METHODS:
@@ -55,6 +67,10 @@ def route(method: str, path: str) -> Callable[[F], F]:
         routes = list(getattr(fn, _ROUTES_ATTR, ()))
         routes.append((method, path))
         setattr(fn, _ROUTES_ATTR, routes)
+        if parse is not None:
+            if getattr(fn, _PARSE_ATTR, parse) is not parse:
+                raise TypeError(f"@route handler {fn.__qualname__} has two parse functions")
+            setattr(fn, _PARSE_ATTR, parse)
         return fn
 
     return mark
@@ -118,6 +134,7 @@ class Router:
         self.patterns: list[tuple[str, tuple[str, ...], RouteHandler]] = []
         self.rpcs: dict[str, RpcMethod] = {}
         self.inline: dict[RouteHandler, bool] = {}  # route handlers that never suspend
+        self.parsers: dict[RouteHandler, Parser] = {}
         seen: set[str] = set()
         for klass in cls.__mro__:
             for attr, fn in vars(klass).items():
@@ -128,6 +145,9 @@ class Router:
                     self.rpcs[attr] = RpcMethod(attr, fn)
                 if getattr(fn, _ROUTES_ATTR, ()):
                     self.inline[fn] = never_suspends(fn)
+                    parse = getattr(fn, _PARSE_ATTR, None)
+                    if parse is not None:
+                        self.parsers[fn] = parse
                 for method, path in getattr(fn, _ROUTES_ATTR, ()):
                     segments = tuple(path.strip("/").split("/")) if path != "/" else ()
                     if any(s.startswith("{") and s.endswith("}") for s in segments):

@@ -108,6 +108,10 @@ _INSERT_ROW = "(?, ?, ?, ?)"
 Op = Callable[["Queue", dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+def _parse(address: str, req: ak.Request, op: str) -> Any:
+    return parse_frame(address, req, op)  # defined below, with the operations it checks
+
+
 class Queue(ak.Actor):
     """A durable queue: pull (``lease``/``ack``) or push (``Config(consumer=...)``).
 
@@ -127,52 +131,31 @@ class Queue(ak.Actor):
 
     # -- the protocol ----------------------------------------------------------------------
 
-    @ak.route("POST", PREFIX + "/{op}")
+    @ak.route("POST", PREFIX + "/{op}", parse=_parse)
     async def frame(self, req: ak.Request, op: str) -> ak.Response:
-        """One operation: a msgpack map in, a msgpack map out; 400 for a bad frame."""
-        if req.caller is None:
-            return error_response(403, "Forbidden", "queues answer only other actors")
-        handler = _OPS.get(op)
-        if handler is None:
-            return error_response(404, "NotFound", f"no queue operation {op!r}")
-        try:
-            args = decode_frame(req.body)
-            if not isinstance(args, dict):
-                raise ValueError(f"{op}: the frame must be a map")
-            reply = await handler(self, args)
-        except ValueError as exc:
-            return error_response(400, "BadRequest", str(exc))
+        """One operation: a msgpack map in, a msgpack map out. ``parse_frame`` checked the
+        frame before the queue was opened (a refused frame creates no file)."""
+        apply, args = req.parsed
+        reply = await apply(self, args)
         return ak.Response(200, _REPLY_HEADERS, codec.pack(reply))
 
-    async def _op_send(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "send", {"bodies", "delay", "priority"}, ("bodies",))
-        bodies = check_bodies(m["bodies"])
-        delay = check_seconds(m.get("delay", 0.0), "delay")
-        priority = check_priority(m.get("priority", 0))
-        return {"ids": await self.send(bodies, delay, priority)}
+    async def _op_send(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"ids": await self.send(a["bodies"], a["delay"], a["priority"])}
 
-    async def _op_lease(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "lease", {"max", "visibility"}, ("max", "visibility"))
-        n = check_int(m["max"], "max", 1, MAX_BATCH)
-        visibility = check_positive_seconds(m["visibility"], "visibility")
-        leases = await self.pull_lease(n, visibility)
+    async def _op_lease(self, a: dict[str, Any]) -> dict[str, Any]:
+        leases = await self.pull_lease(a["max"], a["visibility"])
         return {"leases": [lease_to_wire(x) for x in leases]}
 
-    async def _op_settle(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "settle", {"outcomes"}, ("outcomes",))
-        outcomes = [
-            outcome_from_wire(o) for o in check_list(m["outcomes"], "outcomes", 1, MAX_BATCH)
-        ]
+    async def _op_settle(self, a: dict[str, Any]) -> dict[str, Any]:
+        outcomes: list[Outcome] = a["outcomes"]
         results, earliest = self.settle(self.now(), outcomes)
         if earliest is not None and self.cfg.consumer is not None:
             await self._arm_by(earliest)
         return {"results": results}
 
-    async def _op_extend(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "extend", {"id", "attempt", "visibility"}, ("id", "attempt", "visibility"))
-        i, attempt = check_id(m["id"]), check_attempt(m["attempt"])
-        visibility = check_positive_seconds(m["visibility"], "visibility")
-        until = self.now() + visibility
+    async def _op_extend(self, a: dict[str, Any]) -> dict[str, Any]:
+        i, attempt = a["id"], a["attempt"]
+        until = self.now() + a["visibility"]
         cur = self.sql.exec(
             "UPDATE actorkeep_queue SET visible_at = ? "
             "WHERE id = ? AND leased = 1 AND attempts = ?",
@@ -183,15 +166,14 @@ class Queue(ak.Actor):
             await self._arm_by(until)
         return {"ok": ok}
 
-    async def _op_cancel(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "cancel", {"id"}, ("id",))
-        i = check_id(m["id"])
-        written = await self.sql.exec_durable("DELETE FROM actorkeep_queue WHERE id = ?", (i,))
+    async def _op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
+        written = await self.sql.exec_durable(
+            "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],)
+        )
         return {"ok": written.rowcount == 1}
 
-    async def _op_get(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "get", {"id"}, ("id",))
-        i = check_id(m["id"])
+    async def _op_get(self, a: dict[str, Any]) -> dict[str, Any]:
+        i = a["id"]
         now = self.now()
         self.sweep_now(now)
         row = self.sql.exec(
@@ -236,8 +218,7 @@ class Queue(ak.Actor):
             }
         }
 
-    async def _op_stats(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "stats", set())
+    async def _op_stats(self, a: dict[str, Any]) -> dict[str, Any]:
         now = self.now()
         self.sweep_now(now)
         ready, delayed, leased, oldest = self.sql.exec(
@@ -256,11 +237,8 @@ class Queue(ak.Actor):
             "oldest_ready_age": None if oldest is None else max(0.0, now - oldest),
         }
 
-    async def _op_dead_letters(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "dead_letters", {"limit", "after"})
-        limit = check_int(m.get("limit", 100), "limit", 1, MAX_BATCH)
-        after = m.get("after")
-        after = 0 if after is None else check_int(after, "after", 0, MAX_ID)
+    async def _op_dead_letters(self, a: dict[str, Any]) -> dict[str, Any]:
+        limit, after = a["limit"], a["after"]
         self.sweep_now(self.now())
         rows = self.sql.exec(
             "SELECT id, body, enqueued_at, attempts, failed_at, reason FROM actorkeep_queue_dead "
@@ -269,9 +247,8 @@ class Queue(ak.Actor):
         ).fetchall()
         return {"items": [list(r) for r in rows]}
 
-    async def _op_redrive(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "redrive", {"ids"})
-        ids = None if m.get("ids") is None else check_ids(m["ids"])
+    async def _op_redrive(self, a: dict[str, Any]) -> dict[str, Any]:
+        ids: list[int] | None = a["ids"]
         now = self.now()
         self.sweep_now(now)
         where = ""
@@ -297,11 +274,8 @@ class Queue(ak.Actor):
             await self.sql.exec_durable("COMMIT")
         return {"count": count}
 
-    async def _op_configure(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "configure", {"config"}, ("config",))
-        cfg = Config.from_wire(m["config"])
-        if cfg.consumer == self.address:
-            raise ValueError("a queue cannot be its own consumer")
+    async def _op_configure(self, a: dict[str, Any]) -> dict[str, Any]:
+        cfg: Config = a["config"]
         w = cfg.to_wire()
         # Arm for the new config before storing it, as send does: a crash in between leaves an
         # alarm with nothing to do, never a stored consumer with messages and no alarm.
@@ -316,8 +290,7 @@ class Queue(ak.Actor):
         self.cfg = cfg
         return {}
 
-    async def _op_config(self, m: dict[str, Any]) -> dict[str, Any]:
-        check_map(m, "config", set())
+    async def _op_config(self, a: dict[str, Any]) -> dict[str, Any]:
         return {"config": self.cfg.to_wire()}
 
     # -- the operations ----------------------------------------------------------------------
@@ -540,18 +513,110 @@ class Queue(ak.Actor):
         self.settle(self.now(), retries)
 
 
-_OPS: dict[str, Op] = {
-    "send": Queue._op_send,
-    "lease": Queue._op_lease,
-    "settle": Queue._op_settle,
-    "extend": Queue._op_extend,
-    "cancel": Queue._op_cancel,
-    "get": Queue._op_get,
-    "stats": Queue._op_stats,
-    "dead_letters": Queue._op_dead_letters,
-    "redrive": Queue._op_redrive,
-    "configure": Queue._op_configure,
-    "config": Queue._op_config,
+def _check_send(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "send", {"bodies", "delay", "priority"}, ("bodies",))
+    return {
+        "bodies": check_bodies(m["bodies"]),
+        "delay": check_seconds(m.get("delay", 0.0), "delay"),
+        "priority": check_priority(m.get("priority", 0)),
+    }
+
+
+def _check_lease(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "lease", {"max", "visibility"}, ("max", "visibility"))
+    return {
+        "max": check_int(m["max"], "max", 1, MAX_BATCH),
+        "visibility": check_positive_seconds(m["visibility"], "visibility"),
+    }
+
+
+def _check_settle(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "settle", {"outcomes"}, ("outcomes",))
+    outcomes = check_list(m["outcomes"], "outcomes", 1, MAX_BATCH)
+    return {"outcomes": [outcome_from_wire(o) for o in outcomes]}
+
+
+def _check_extend(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "extend", {"id", "attempt", "visibility"}, ("id", "attempt", "visibility"))
+    return {
+        "id": check_id(m["id"]),
+        "attempt": check_attempt(m["attempt"]),
+        "visibility": check_positive_seconds(m["visibility"], "visibility"),
+    }
+
+
+def _check_id_only(op: str) -> Callable[[dict[str, Any], str], dict[str, Any]]:
+    def check(m: dict[str, Any], address: str) -> dict[str, Any]:
+        check_map(m, op, {"id"}, ("id",))
+        return {"id": check_id(m["id"])}
+
+    return check
+
+
+def _check_nothing(op: str) -> Callable[[dict[str, Any], str], dict[str, Any]]:
+    def check(m: dict[str, Any], address: str) -> dict[str, Any]:
+        check_map(m, op, set())
+        return {}
+
+    return check
+
+
+def _check_dead_letters(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "dead_letters", {"limit", "after"})
+    after = m.get("after")
+    return {
+        "limit": check_int(m.get("limit", 100), "limit", 1, MAX_BATCH),
+        "after": 0 if after is None else check_int(after, "after", 0, MAX_ID),
+    }
+
+
+def _check_redrive(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "redrive", {"ids"})
+    return {"ids": None if m.get("ids") is None else check_ids(m["ids"])}
+
+
+def _check_configure(m: dict[str, Any], address: str) -> dict[str, Any]:
+    check_map(m, "configure", {"config"}, ("config",))
+    cfg = Config.from_wire(m["config"])
+    if cfg.consumer == address:
+        raise ValueError("a queue cannot be its own consumer")
+    return {"config": cfg}
+
+
+Check = Callable[[dict[str, Any], str], dict[str, Any]]
+
+#: Operation name -> (the pure check of its frame, the method that applies it).
+_OPS: dict[str, tuple[Check, Op]] = {
+    "send": (_check_send, Queue._op_send),
+    "lease": (_check_lease, Queue._op_lease),
+    "settle": (_check_settle, Queue._op_settle),
+    "extend": (_check_extend, Queue._op_extend),
+    "cancel": (_check_id_only("cancel"), Queue._op_cancel),
+    "get": (_check_id_only("get"), Queue._op_get),
+    "stats": (_check_nothing("stats"), Queue._op_stats),
+    "dead_letters": (_check_dead_letters, Queue._op_dead_letters),
+    "redrive": (_check_redrive, Queue._op_redrive),
+    "configure": (_check_configure, Queue._op_configure),
+    "config": (_check_nothing("config"), Queue._op_config),
 }
+
+
+def parse_frame(address: str, req: ak.Request, op: str) -> tuple[Op, dict[str, Any]] | ak.Response:
+    """Check a request before the queue is opened: its caller, its operation and its frame.
+
+    Returns the method to apply and its checked arguments, or the refusal (403, 404; a
+    ``ValueError`` is a 400), so a refused request never creates a queue's file.
+    """
+    if req.caller is None:
+        return error_response(403, "Forbidden", "queues answer only other actors")
+    found = _OPS.get(op)
+    if found is None:
+        return error_response(404, "NotFound", f"no queue operation {op!r}")
+    check, apply = found
+    m = decode_frame(req.body)
+    if not isinstance(m, dict):
+        raise ValueError(f"{op}: the frame must be a map")
+    return apply, check(m, address)
+
 
 __all__ = ["MAX_ATTEMPTS_REASON", "SCHEMA", "Queue"]

@@ -28,12 +28,25 @@ def _reply(obj: Any) -> ak.Response:
     return ak.Response(200, _MSGPACK, codec.pack(obj))
 
 
-def _decode(op: str, body: bytes) -> dict[str, Any] | ak.Response:
-    """The checked frame, or the 400 that refuses it."""
-    try:
-        return decode_frame(op, body)
-    except ValueError as exc:
-        return error_response(400, "BadRequest", str(exc))
+def _parser(op: str) -> Any:
+    """The route's ``parse``: the checked frame of ``op`` (``ValueError`` refuses it with 400
+    before the shard is opened, so a refused frame never creates a shard's file)."""
+
+    def parse(address: str, req: ak.Request) -> dict[str, Any]:
+        return decode_frame(op, req.body)
+
+    return parse
+
+
+def _parse_put_local(address: str, req: ak.Request) -> dict[str, Any]:
+    frame = decode_frame("put", req.body)
+    if not frame["l"] or frame["t"] is not None:
+        raise ValueError("put-local takes local puts without ttl")
+    return frame
+
+
+def _refuse_unknown(address: str, req: ak.Request, op: str) -> ak.Response:
+    return error_response(400, "BadRequest", f"unknown kv operation {op!r}")
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -111,31 +124,24 @@ class KVShard(ak.Actor):
 
     # One route per operation: reads have no await, so the host can run them in the caller's
     # task when the shard is idle (decision 0001); writes may wait for an fsync.
-    @ak.route("POST", PREFIX + "get")
+    @ak.route("POST", PREFIX + "get", parse=_parser("get"))
     async def get(self, req: ak.Request) -> ak.Response:
-        frame = _decode("get", req.body)
-        return frame if isinstance(frame, ak.Response) else self._get(frame)
+        return self._get(req.parsed)
 
-    @ak.route("POST", PREFIX + "list")
+    @ak.route("POST", PREFIX + "list", parse=_parser("list"))
     async def list(self, req: ak.Request) -> ak.Response:
-        frame = _decode("list", req.body)
-        return frame if isinstance(frame, ak.Response) else self._list(frame)
+        return self._list(req.parsed)
 
-    @ak.route("POST", PREFIX + "put")
+    @ak.route("POST", PREFIX + "put", parse=_parser("put"))
     async def put(self, req: ak.Request) -> ak.Response:
-        frame = _decode("put", req.body)
-        return frame if isinstance(frame, ak.Response) else await self._put(frame)
+        return await self._put(req.parsed)
 
-    @ak.route("POST", PREFIX + "put-local")
+    @ak.route("POST", PREFIX + "put-local", parse=_parse_put_local)
     async def put_local(self, req: ak.Request) -> ak.Response:
         """A local put without TTL, answered without waiting for storage (no await, so the host
         may run it in the caller's task). When the versions reserved durably are used up it
         answers ``{"slow": true}`` and the client sends the same frame to ``put``."""
-        frame = _decode("put", req.body)
-        if isinstance(frame, ak.Response):
-            return frame
-        if not frame["l"] or frame["t"] is not None:
-            return error_response(400, "BadRequest", "put-local takes local puts without ttl")
+        frame: dict[str, Any] = req.parsed
         if self._next_version > self._reserved:
             return _reply({"slow": True})
         if frame["x"] is not None:
@@ -151,14 +157,13 @@ class KVShard(ak.Actor):
         )
         return _reply({"ver": version, "exp": None})
 
-    @ak.route("POST", PREFIX + "delete")
+    @ak.route("POST", PREFIX + "delete", parse=_parser("delete"))
     async def delete(self, req: ak.Request) -> ak.Response:
-        frame = _decode("delete", req.body)
-        return frame if isinstance(frame, ak.Response) else await self._delete(frame)
+        return await self._delete(req.parsed)
 
-    @ak.route("POST", PREFIX + "{op}")
+    @ak.route("POST", PREFIX + "{op}", parse=_refuse_unknown)
     async def unknown(self, req: ak.Request, op: str) -> ak.Response:
-        return error_response(400, "BadRequest", f"unknown kv operation {op!r}")
+        return _refuse_unknown(self.address, req, op)  # its parse answers first
 
     def _get(self, frame: dict[str, Any]) -> ak.Response:
         live = self._live(frame["k"], self._now_ms())

@@ -316,3 +316,34 @@ async def test_timeout_values_are_checked_and_forgotten(
                 "tester/t", "svc/s", "POST", "/_rpc/slow", b'{"seconds": 0.1}', timeout=10 + i / 7
             )
         assert host.host._timeouts._by_timeout == {}
+
+
+@app.actor("echo")
+class Echo(ak.Actor):
+    @ak.rpc
+    async def back(self, value: Any) -> Any:
+        return value
+
+    @ak.rpc
+    async def nan(self) -> float:
+        return float("nan")
+
+
+@pytest.mark.parametrize("body", [b'{"value": NaN}', b'{"value": -Infinity}', b'{"value": 1e999}'])
+async def test_json_without_numbers_json_lacks_is_refused(data_dir: Path, body: bytes) -> None:
+    async with open_host(app, data_dir) as host:
+        resp = await host.request(
+            "POST", "/echo/e/_rpc/back", body=body, headers={"content-type": "application/json"}
+        )
+        assert resp.status == 400 and resp.json()["error"] == "BadRequest"
+
+
+async def test_a_json_reply_never_carries_nan(data_dir: Path) -> None:
+    async with open_host(app, data_dir) as host:
+        resp = await host.request("POST", "/echo/e/_rpc/nan", json={})
+        assert resp.status == 500  # the handler returned what JSON cannot say
+        ak.codec.decode_result(resp.body, "json")  # and the error reply itself is strict JSON
+        packed = await host.request(
+            "POST", "/echo/e/_rpc/nan", headers={"content-type": "application/msgpack"}
+        )
+        assert packed.status == 200  # msgpack has NaN

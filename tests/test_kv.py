@@ -336,6 +336,9 @@ async def test_client_refuses_bad_input_before_any_call(
         assert all("must" in m or "limit" in m for m in resp.json())
 
 
+GOOD_GET = msgpack.packb({"k": b"a"})
+
+
 async def test_malformed_frames_are_400_and_write_nothing(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -365,6 +368,9 @@ async def test_malformed_frames_are_400_and_write_nothing(
             )
             assert resp.status == 400, (op, body)
             assert resp.json()["error"] == "BadRequest"
+        # Refused before the shard was opened: not even its file exists.
+        assert sqlite_files(data_dir) == []
+        await host.call_as("user/u", "kv/shard-0", "POST", "/actorkeep-kv/v1/get", GOOD_GET)
         (db,) = sqlite_files(data_dir)
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT count(*) FROM actorkeep_kv").fetchone()[0] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import actorkeep as ak
@@ -77,3 +79,51 @@ def test_rpc_positional_only_is_refused() -> None:
 
     with pytest.raises(TypeError, match="by name"):
         Router(Bad)
+
+
+# -- parse: checked before the actor exists --------------------------------------------------
+def _parse_order(address: str, req: ak.Request, shop: str) -> object:
+    body = req.json()
+    if body.get("refuse"):
+        return ak.Response(409, body=b"refused by parse")
+    if not isinstance(body.get("qty"), int):
+        raise ValueError("qty must be an integer")
+    return (address, shop, body["qty"])
+
+
+parse_app = ak.App()
+created: list[str] = []
+
+
+@parse_app.actor("orders")
+class Orders(ak.Actor):
+    async def setup(self) -> None:
+        created.append(self.address)
+
+    @ak.route("POST", "/shops/{shop}/orders", parse=_parse_order)
+    async def order(self, req: ak.Request, shop: str) -> ak.Response:
+        return ak.Response(body=repr(req.parsed).encode())
+
+
+async def test_parse_refuses_before_the_actor_is_created(tmp_path: Path) -> None:
+    created.clear()
+    async with ak.testing.open_host(parse_app, tmp_path) as host:
+        bad = await host.request("POST", "/orders/o1/shops/s/orders", json={"qty": "two"})
+        assert (bad.status, bad.json()["error"]) == (400, "BadRequest")
+        assert "qty must be an integer" in bad.json()["message"]
+        refused = await host.request("POST", "/orders/o1/shops/s/orders", json={"refuse": 1})
+        assert (refused.status, refused.body) == (409, b"refused by parse")
+        assert created == [] and not (tmp_path / "actors").exists()
+        ok = await host.request("POST", "/orders/o1/shops/s%20x/orders", json={"qty": 3})
+        assert ok.status == 200 and ok.body == b"('orders/o1', 's x', 3)"
+        assert created == ["orders/o1"]
+
+
+def test_a_handler_has_one_parse_function() -> None:
+    with pytest.raises(TypeError, match="two parse functions"):
+
+        class Twice(ak.Actor):
+            @ak.route("GET", "/a", parse=_parse_order)
+            @ak.route("GET", "/b", parse=lambda address, req: None)
+            async def h(self, req: ak.Request) -> ak.Response:
+                return ak.Response()
