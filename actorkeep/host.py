@@ -272,7 +272,11 @@ class Activation:
             if row is not None:
                 self.alarm = AlarmState(*row)
                 index = self.host.alarm_index
-                if index.get(self.address) != self.alarm.at:  # heal an index write lost to a crash
+                entry = index.get(self.address)
+                # Heal an index write lost to a crash, but only ever move the entry earlier: the
+                # row may be committed and not durable. An early entry wakes the actor, and
+                # _run_alarm moves it later once the row is durable.
+                if entry is None or entry > self.alarm.at:
                     index.put(self.address, self.alarm.at)
                     self.host.poke_alarms(self.alarm.at)
         return db
@@ -357,23 +361,31 @@ class Activation:
             return
         # The index first (see alarms.py), and never later than the alarm it replaces until
         # the new one is durable: a crash in between must not delay an acknowledged alarm.
-        old = self.alarm
-        index.put(self.address, at if old is None else min(old.at, at))
+        # Nor later than the entry already there: with no alarm in memory, the entry may still
+        # guard a cleared row whose deletion is not durable yet (Host._forget_alarm).
+        first = at
+        if self.alarm is not None:
+            first = min(first, self.alarm.at)
+        entry = index.get(self.address)
+        if entry is not None:
+            first = min(first, entry)
+        index.put(self.address, first)
         await index.sync()
         self.index_durable = True
         self._write_alarm(db, state)
         if not durable:
             return  # the row becomes durable with the actor's next durable write
         await db.sync()
-        if old is not None and old.at < at:
+        if first < at:
             index.put(self.address, at)  # an early wake-up is harmless: see _run_alarm
 
     def _rearm_at_once(self, at: float) -> bool:
         """Whether this is the alarm's own event setting it again for now or earlier.
 
         Then no fsync is needed: until this event ends, the stored alarm is the one that fired,
-        which is durable and due, so power loss brings back an alarm that fires at once; and
-        ``at`` is not later than now, so nothing can fire early or be lost. (A push queue
+        which is due, so power loss brings back that alarm (or, if it was set with
+        ``durable=False``, what that allows), which fires at once; and ``at`` is not later than
+        now, so nothing can fire early. (A push queue
         re-arms this way after every batch while messages are ready.)
         """
         ev = self.current
@@ -1003,7 +1015,11 @@ class Host:
                     self.alarm_index.remove(address)
                     act.index_durable = False
             elif state.at > self._alarm_horizon():
-                self.alarm_index.put(address, state.at)  # moved later by an earlier event
+                # Moved later by an earlier event: move the entry only once that row is durable
+                # (it may come from a plain set, or one a crash interrupted).
+                assert act.db is not None
+                await act.db.sync()
+                self.alarm_index.put(address, state.at)
             else:
                 cleared = await self._fire_alarm(act, state)
         except Exception as exc:
@@ -1049,14 +1065,13 @@ class Host:
         try:
             assert act.db is not None
             await act.db.sync()
-        except Exception:
-            # Closed or failing storage: keep the entry. Its next wake-up finds no alarm and
-            # drops it then (see _run_alarm).
-            pass
-        else:
             if self._clearing.get(address) is token:
                 self.alarm_index.remove(address)
                 act.index_durable = False
+        except Exception as exc:
+            # Closed (evicted) or failing storage: keep the entry. Its next wake-up finds no
+            # alarm and drops it then (see _run_alarm). Nothing escapes into the host.
+            log.info("kept a cleared alarm's index entry", address=address, error=repr(exc))
         finally:
             if self._clearing.get(address) is token:
                 del self._clearing[address]

@@ -24,7 +24,8 @@ from .kv_workload import timed_faults
 from .world import World
 
 TIMER_CLASS = "timer"
-#: Long enough after the heal for every alarm, late alarm and retry to have fired.
+#: Long enough after the heal and the longest delay for every alarm, late alarm and retry to
+#: have fired.
 SETTLE = 2 * FIRST_RETRY_DELAY * 2**MAX_RETRIES + 60.0
 
 
@@ -125,7 +126,9 @@ def draw_plan(rng: random.Random) -> AlarmPlan:
         timers=rng.randint(2, 6),
         processes=rng.randint(1, 4),
         ops_per_process=rng.randint(8, 25),
-        delays=rng.choice([[0.0, 0.01, 0.1], [0.0, 0.05, 0.5, 2.0], [0.001, 1.0, 5.0]]),
+        delays=rng.choice(
+            [[0.0, 0.01, 0.1], [0.0, 0.05, 0.5, 2.0], [0.001, 1.0, 5.0], [0.0, 0.05, 30.0, 600.0]]
+        ),
         think=rng.choice([[0.0, 0.01], [0.0, 0.05, 0.3], [0.2, 1.0]]),
         fail_p=rng.choice([0.0, 0.1, 0.3]),
         rearm_p=rng.choice([0.0, 0.2, 0.5]),
@@ -187,7 +190,7 @@ def run_alarm_workload(
         for i in range(plan.timers):
             if rng.random() < 0.5:
                 await timer_op(w, "final", f"t{i}", "set", delay=rng.choice(plan.delays))
-        await trio.sleep(SETTLE)
+        await trio.sleep(max(plan.delays) + SETTLE)
         w.history.note("settled: final states")
         for i in range(plan.timers):
             await timer_op(w, "final", f"t{i}", "state")

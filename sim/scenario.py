@@ -229,8 +229,9 @@ def run_alarm_seed(
         "bug": bug,
     }
     world.history.note(f"scenario {summary}")
+    late = draw.faults.alarm_late_max if draw.faults.alarm_late_p > 0 else 0.0  # before heal()
     world.run(run_alarm_workload(world, plan, recorder, draw.timed, draw.power_p))
     history = world.history
-    violations = check_errors(history) + check_alarms(history)
+    violations = check_errors(history) + check_alarms(history, late)
     ops = len(history.ops) + sum(1 for o in history.observations if o.kind == "fire")
     return _result(seed, world, violations, ops, started, summary)

@@ -607,3 +607,80 @@ def test_a_lost_plain_alarm_with_nothing_before_it_leaves_no_ghost() -> None:
 
     fired.clear()
     assert _lazy_world().run(main) == (None, 0)  # the woken index entry found nothing, left
+
+
+# -- review findings: an index entry never moves later than a row power loss can bring back ----
+@app.actor("guarded")
+class Guarded(ak.Actor):
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
+        await trio.sleep(0.5)  # the next event (a far set) waits behind this one
+
+    @ak.rpc
+    async def arm(self, at: float) -> None:
+        await self.set_alarm(at)
+
+
+def test_a_far_set_after_a_fired_alarm_keeps_guarding_the_cleared_row() -> None:
+    """The alarm fired and its row's deletion is not durable yet; a durable set_alarm(far) is
+    cut by power loss right after it fsynced the index. The old row comes back: it must be
+    woken at once, not an hour later."""
+
+    async def main(w: Any) -> list[float]:
+        t0 = w.now()
+        await w.rpc("guarded/a", "arm", at=t0 + 1)
+        await trio.sleep(1.2)  # the alarm event is running
+        armed = [True]
+
+        def on_sync(db: Any) -> None:
+            if armed[0] and db.key == "host":
+                armed[0] = False
+                w.crash(power_loss=True)
+
+        w.storage.on_sync = on_sync
+        with pytest.raises(ak.ActorkeepError):
+            await w.rpc("guarded/a", "arm", at=t0 + 3600)
+        await w.restart()
+        fired.clear()
+        await trio.sleep(600)
+        return [now - t0 for a, now, _, _ in fired if a == "guarded/a"]
+
+    fired.clear()
+    got = _lazy_world().run(main)
+    assert len(got) == 1 and got[0] < 5  # at the restart, not at +3600
+
+
+async def test_a_failing_index_removal_does_not_stop_the_host(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    class FailingDeletes:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn, self.fail = conn, False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if self.fail and sql.startswith("DELETE FROM alarms"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.conn.execute(sql, *args)
+
+    class Storage(FileStorage):
+        proxy: FailingDeletes
+
+        def open_host_db(self) -> Database:
+            db = super().open_host_db()
+            self.proxy = FailingDeletes(db.conn)
+            db.conn = self.proxy  # type: ignore[assignment]
+            return db
+
+    storage = Storage(data_dir, in_thread=False)
+    async with open_host(app, storage=storage) as host:
+        await rpc(host, "timer/a", "set", delay=1)
+        storage.proxy.fail = True
+        await trio.sleep(5)  # fires; dropping its index entry fails
+        assert [a for a, *_ in fired] == ["timer/a"]
+        await rpc(host, "timer/b", "set", delay=1)  # the host still serves
+        storage.proxy.fail = False
+        await trio.sleep(5)
+        assert [a for a, *_ in fired] == ["timer/a", "timer/b"]
