@@ -70,11 +70,32 @@ def configure_logging(fmt: str) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
-def _raise_open_file_limit() -> None:
-    # Each active actor holds a few descriptors (database, WAL, shared memory).
+#: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index.
+FILES_PER_ACTOR = 3
+
+
+def open_file_shortfall(max_active: int, hard_limit: int) -> int | None:
+    """How many descriptors ``max_active`` actors may need beyond ``hard_limit`` (None: fits)."""
+    needed = FILES_PER_ACTOR * max_active + 256  # + the host database, sockets, Python's own
+    if hard_limit == resource.RLIM_INFINITY or hard_limit >= needed:
+        return None
+    return needed - hard_limit
+
+
+def _raise_open_file_limit(max_active: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    short = open_file_shortfall(max_active, hard)
+    if short is not None:
+        log.warning(
+            "the open-file limit is below what --max-active may need: past it, actors fail to "
+            "open (500, 'unable to open database file'); raise `ulimit -Hn` or lower "
+            "--max-active",
+            limit=hard,
+            max_active=max_active,
+            short_by=short,
+        )
 
 
 def hypercorn_config(bind_host: str, port: int) -> Any:
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"actorkeep: cannot use {str(data)!r} as the data directory: {exc}"
         ) from None
-    _raise_open_file_limit()
+    _raise_open_file_limit(args.max_active)
     try:
         trio.run(serve, app, args.app, data, args.host, args.port, host_options)
     except* DataDirInUse as group:
