@@ -27,3 +27,31 @@ def test_bench_quick_run(name: str) -> None:
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert any("ratio" in line for line in proc.stdout.splitlines()), proc.stdout
+
+
+@pytest.mark.slow
+def test_load_quick_run() -> None:
+    """bench/load.py --quick: 200 clients for 5 s against a real host; no error, nothing lost."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "load.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "all checks passed" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_scale_quick_run() -> None:
+    """bench/scale.py --quick: 2,000 actors with alarms; restarts, latency, alarms fire."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "scale.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "latency ratio" in proc.stdout, proc.stdout
