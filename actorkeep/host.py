@@ -385,8 +385,8 @@ class Activation:
         Then no fsync is needed: until this event ends, the stored alarm is the one that fired,
         which is due, so power loss brings back that alarm (or, if it was set with
         ``durable=False``, what that allows), which fires at once; and ``at`` is not later than
-        now, so nothing can fire early. (A push queue
-        re-arms this way after every batch while messages are ready.)
+        now, so nothing can fire early. (A push queue re-arms this way after every batch while
+        messages are ready.)
         """
         ev = self.current
         return (
@@ -993,6 +993,8 @@ class Host:
 
     async def _fire_late(self, address: str, spec: ActorClass, name: str, delay: float) -> None:
         await trio.sleep(delay)
+        if self._closing:
+            return  # the alarm stays in the index: the next host fires it
         self._enqueue(self._activation(address, spec, name), Event(None, None, ()), limit=False)
 
     async def _run_alarm(self, act: Activation) -> None:
