@@ -72,30 +72,23 @@ def configure_logging(fmt: str) -> None:
 
 #: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index.
 FILES_PER_ACTOR = 3
+#: Descriptors kept for the rest: the host database, sockets, the interpreter's own.
+FILES_RESERVED = 256
 
 
-def open_file_shortfall(max_active: int, hard_limit: int) -> int | None:
-    """How many descriptors ``max_active`` actors may need beyond ``hard_limit`` (None: fits)."""
-    needed = FILES_PER_ACTOR * max_active + 256  # + the host database, sockets, Python's own
-    if hard_limit == resource.RLIM_INFINITY or hard_limit >= needed:
-        return None
-    return needed - hard_limit
+def max_active_for(max_active: int, open_file_limit: int) -> int:
+    """``max_active``, lowered to what ``open_file_limit`` descriptors can hold."""
+    if open_file_limit == resource.RLIM_INFINITY:
+        return max_active
+    return max(1, min(max_active, (open_file_limit - FILES_RESERVED) // FILES_PER_ACTOR))
 
 
-def _raise_open_file_limit(max_active: int) -> None:
+def _raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one; return it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    short = open_file_shortfall(max_active, hard)
-    if short is not None:
-        log.warning(
-            "the open-file limit is below what --max-active may need: past it, actors fail to "
-            "open (500, 'unable to open database file'); raise `ulimit -Hn` or lower "
-            "--max-active",
-            limit=hard,
-            max_active=max_active,
-            short_by=short,
-        )
+    return hard
 
 
 def hypercorn_config(bind_host: str, port: int) -> Any:
@@ -118,9 +111,11 @@ async def serve(
     bind_host: str,
     port: int,
     host_options: dict[str, Any],
+    limited: dict[str, Any] | None = None,
 ) -> None:
     from hypercorn.trio import serve as hypercorn_serve
 
+    limited = limited or {}
     host = Host(app, FileStorage(data), **host_options)
     config = hypercorn_config(bind_host, port)
     async with host.open():
@@ -147,6 +142,8 @@ async def serve(
                     data=str(data),
                     classes=sorted(app.classes),
                     pid=os.getpid(),
+                    max_active=host.max_active,
+                    **limited,
                 )
     log.info("stopped")
 
@@ -194,9 +191,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"actorkeep: cannot use {str(data)!r} as the data directory: {exc}"
         ) from None
-    _raise_open_file_limit(args.max_active)
+    # Past the open-file limit actors would fail to open (500): evict before that instead.
+    open_file_limit = _raise_open_file_limit()
+    host_options["max_active"] = max_active_for(args.max_active, open_file_limit)
+    limited: dict[str, Any] = {}
+    if host_options["max_active"] < args.max_active:
+        limited = {"max_active_asked": args.max_active, "open_file_limit": open_file_limit}
     try:
-        trio.run(serve, app, args.app, data, args.host, args.port, host_options)
+        trio.run(serve, app, args.app, data, args.host, args.port, host_options, limited)
     except* DataDirInUse as group:
         raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
     except* OSError as group:

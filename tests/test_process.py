@@ -12,6 +12,7 @@ import http.client
 import itertools
 import json
 import os
+import resource
 import signal
 import socket
 import sqlite3
@@ -332,6 +333,17 @@ def test_alarm_survives_kill_9_and_fires_after_the_downtime(tmp_path: Path) -> N
 # -- 4: startup line and clean shutdown -----------------------------------------------------
 
 
+def test_max_active_is_kept_within_the_open_file_limit(tmp_path: Path) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no limit on open files here")
+    with serve(COUNTER_APP, tmp_path / "data", "--max-active", str(hard)) as server:
+        line = server.wait_for_line("actorkeep serving")
+        assert f"max_active={(hard - 256) // 3}" in line, line
+        assert f"max_active_asked={hard}" in line and f"open_file_limit={hard}" in line, line
+        assert server.rpc("/counter/a/_rpc/incr", {"by": 1}).json() == 1
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_startup_line_and_clean_shutdown(tmp_path: Path, signum: signal.Signals) -> None:
     data = tmp_path / "data"
@@ -342,6 +354,7 @@ def test_startup_line_and_clean_shutdown(tmp_path: Path, signum: signal.Signals)
         assert f"pid={server.proc.pid}" in line
         assert f"data={data.resolve()}" in line
         assert "classes=['counter']" in line
+        assert "max_active=" in line
         for i in range(1, 6):
             assert server.rpc("/counter/a/_rpc/incr", {"by": 1}).json() == i
         # An idle keep-alive connection must not hold the shutdown up.
