@@ -601,6 +601,7 @@ class Host:
         refused = self.refusal(spec, request.caller)
         if refused is not None:
             return refused
+        address = f"{class_name}/{name}"
         router = spec.router
         rpc = router.rpc_for(request.method, request.path)
         if rpc is not None:
@@ -621,14 +622,14 @@ class Host:
             parse = router.parsers.get(fn)
             if parse is not None:
                 try:
-                    parsed = parse(f"{class_name}/{name}", request, **params)
+                    parsed = parse(address, request, **params)
                 except ValueError as exc:
                     return error_response(400, "BadRequest", str(exc))
                 if isinstance(parsed, Response):
                     return parsed
                 request.parsed = parsed
             ev = Event(fn, request, chain, params, inline=router.inline[fn])
-        return await self._dispatch(f"{class_name}/{name}", spec, name, ev, timeout)
+        return await self._dispatch(address, spec, name, ev, timeout)
 
     async def call_rpc(
         self,
