@@ -84,11 +84,19 @@ def max_active_for(max_active: int, open_file_limit: int) -> int:
 
 
 def _raise_open_file_limit() -> int:
-    """Raise the soft limit on open files to the hard one; return it."""
+    """Raise the soft limit on open files as far as the system lets us; return the soft limit
+    that applies. (macOS has no finite hard limit but refuses a soft one above OPEN_MAX.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
+    finite = [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 10_240]
+    for target in finite:
+        if target <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def hypercorn_config(bind_host: str, port: int) -> Any:

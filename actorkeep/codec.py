@@ -46,9 +46,14 @@ def encode(value: Any, encoding: Encoding) -> bytes:
     if encoding == "msgpack":
         return pack(value)
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        return json_dumps(value)
     except ValueError as exc:  # NaN/inf are refused: JSON has no such numbers
         raise TypeError(str(exc)) from None
+
+
+def json_dumps(value: Any) -> bytes:
+    """Compact strict JSON; ``ValueError`` for NaN and infinities (JSON has no such numbers)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _finite(text: str) -> float:
@@ -62,7 +67,7 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _json_loads(body: bytes) -> Any:
+def json_loads(body: bytes | str) -> Any:
     """Strict JSON: NaN, Infinity and numbers that overflow a float are refused."""
     return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
 
@@ -72,7 +77,7 @@ def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
     if not body:
         return {}
     try:
-        args = unpack(body) if encoding == "msgpack" else _json_loads(body)
+        args = unpack(body) if encoding == "msgpack" else json_loads(body)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ValueError(f"body is not valid {encoding}: {exc}") from None
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
@@ -83,6 +88,6 @@ def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
 def decode_result(body: bytes, encoding: Encoding) -> Any:
     """Decode a result; ``ValueError`` if malformed."""
     try:
-        return unpack(body) if encoding == "msgpack" else _json_loads(body)
+        return unpack(body) if encoding == "msgpack" else json_loads(body)
     except Exception as exc:
         raise ValueError(f"reply is not valid {encoding}: {exc}") from None

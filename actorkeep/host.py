@@ -625,6 +625,9 @@ class Host:
                     parsed = parse(address, request, **params)
                 except ValueError as exc:
                     return error_response(400, "BadRequest", str(exc))
+                except Exception as exc:  # a bug in the parse function: answered like one
+                    log.error("parse failed", address=address, exc_info=exc)
+                    return error_response(500, type(exc).__name__, str(exc))
                 if isinstance(parsed, Response):
                     return parsed
                 request.parsed = parsed

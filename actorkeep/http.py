@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json as _json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, overload
+
+from .codec import json_dumps, json_loads
 
 
 class Headers(Mapping[str, str]):
@@ -71,14 +72,14 @@ class Request:
 
     def json(self) -> Any:
         """The body decoded as JSON (``ValueError`` if it is not JSON)."""
-        return _json.loads(self.body)
+        return json_loads(self.body)
 
     def __repr__(self) -> str:
         return f"<Request {self.method} {self.path} caller={self.caller!r}>"
 
 
 def _json_response(obj: Any, status: int = 200) -> Response:
-    body = _json.dumps(obj, separators=(",", ":")).encode()
+    body = json_dumps(obj)
     return Response(status, Headers._from_lower({"content-type": "application/json"}), body)
 
 
@@ -93,7 +94,7 @@ class _JsonMember:
         if obj is None:
             return _json_response
         body = obj.body
-        return lambda: _json.loads(body)
+        return lambda: json_loads(body)
 
 
 class Response:

@@ -51,9 +51,9 @@ def route(method: str, path: str, *, parse: Parser | None = None) -> Callable[[F
 
     ``parse(address, req, **params)``, if given, runs before the actor is created or woken: it
     returns what the handler finds in ``req.parsed``, or an ``ak.Response`` to answer without
-    running the handler; a ``ValueError`` answers 400 with its message. Use it to check a body
-    so that a refused request never creates the actor's file. It must not suspend or touch
-    storage.
+    running the handler; a ``ValueError`` answers 400 with its message (any other exception,
+    500). Use it to check a body so that a refused request never creates the actor's file. It
+    is a plain function: no ``await``, no storage. Stacked routes of one handler share it.
     """
     method = method.upper()
     if method not in METHODS:
@@ -61,15 +61,21 @@ def route(method: str, path: str, *, parse: Parser | None = None) -> Callable[[F
     if not path.startswith("/"):
         raise ValueError(f"route path must start with '/': {path!r}")
 
+    if parse is not None and (_is_async(parse) or not callable(parse)):
+        raise TypeError("parse must be a plain function (no async def): it runs before the actor")
+
     def mark(fn: F) -> F:
         if not _is_async(fn):
             raise TypeError(f"@route handler {fn.__qualname__} must be async def")
         routes = list(getattr(fn, _ROUTES_ATTR, ()))
+        if routes and getattr(fn, _PARSE_ATTR, None) is not parse:
+            raise TypeError(
+                f"@route handler {fn.__qualname__}: every route of one handler takes the same "
+                "parse function (or none)"
+            )
         routes.append((method, path))
         setattr(fn, _ROUTES_ATTR, routes)
         if parse is not None:
-            if getattr(fn, _PARSE_ATTR, parse) is not parse:
-                raise TypeError(f"@route handler {fn.__qualname__} has two parse functions")
             setattr(fn, _PARSE_ATTR, parse)
         return fn
 

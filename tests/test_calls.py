@@ -347,3 +347,24 @@ async def test_a_json_reply_never_carries_nan(data_dir: Path) -> None:
             "POST", "/echo/e/_rpc/nan", headers={"content-type": "application/msgpack"}
         )
         assert packed.status == 200  # msgpack has NaN
+
+
+@app.actor("jsonroute")
+class JsonRoute(ak.Actor):
+    @ak.route("POST", "/echo")
+    async def echo(self, req: ak.Request) -> ak.Response:
+        return ak.Response.json(req.json())
+
+    @ak.route("GET", "/nan")
+    async def nan(self, req: ak.Request) -> ak.Response:
+        return ak.Response.json({"x": float("nan")})
+
+
+async def test_routes_speak_strict_json_too(data_dir: Path) -> None:
+    async with open_host(app, data_dir) as host:
+        ok = await host.request("POST", "/jsonroute/r/echo", body=b'{"x": 1.5}')
+        assert (ok.status, ok.json()) == (200, {"x": 1.5})
+        for path, body in [("/jsonroute/r/echo", b'{"x": NaN}'), ("/jsonroute/r/nan", b"")]:
+            resp = await host.request("POST" if body else "GET", path, body=body)
+            assert resp.status == 500  # the handler met JSON it must not read or write
+            ak.codec.decode_result(resp.body, "json")  # the error reply is strict JSON

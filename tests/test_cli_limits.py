@@ -16,9 +16,34 @@ def test_max_active_is_lowered_to_what_the_open_file_limit_holds() -> None:
     assert cli.max_active_for(10_000, 100) == 1
 
 
-def test_the_soft_limit_goes_up_to_the_hard_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    raised: list[tuple[int, int]] = []
-    monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 4096))
-    monkeypatch.setattr(resource, "setrlimit", lambda what, limits: raised.append(limits))
-    assert cli._raise_open_file_limit() == 4096
-    assert raised == [(4096, 4096)]
+class Limits:
+    """A fake RLIMIT_NOFILE: ``max_soft`` is the largest soft limit the system accepts."""
+
+    def __init__(self, soft: int, hard: int, max_soft: int) -> None:
+        self.soft, self.hard, self.max_soft = soft, hard, max_soft
+
+    def get(self, what: int) -> tuple[int, int]:
+        return self.soft, self.hard
+
+    def set(self, what: int, limits: tuple[int, int]) -> None:
+        if limits[0] > self.max_soft:
+            raise ValueError("current limit exceeds maximum limit")
+        self.soft = limits[0]
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "max_soft", "applies"),
+    [
+        (1024, 4096, 4096, 4096),  # Linux: up to the hard limit
+        (20_000, 20_000, 20_000, 20_000),  # already there
+        (256, resource.RLIM_INFINITY, 10_240, 10_240),  # macOS: no hard limit, OPEN_MAX
+        (256, resource.RLIM_INFINITY, 100, 256),  # nothing accepted: keep what we have
+    ],
+)
+def test_the_soft_limit_goes_as_high_as_the_system_lets_it(
+    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, max_soft: int, applies: int
+) -> None:
+    limits = Limits(soft, hard, max_soft)
+    monkeypatch.setattr(resource, "getrlimit", limits.get)
+    monkeypatch.setattr(resource, "setrlimit", limits.set)
+    assert cli._raise_open_file_limit() == applies

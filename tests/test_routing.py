@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import actorkeep as ak
 from actorkeep.routing import Router
+
+from .conftest import sqlite_files
 
 
 class Shop(ak.Actor):
@@ -119,11 +122,57 @@ async def test_parse_refuses_before_the_actor_is_created(tmp_path: Path) -> None
         assert created == ["orders/o1"]
 
 
-def test_a_handler_has_one_parse_function() -> None:
-    with pytest.raises(TypeError, match="two parse functions"):
+def _no_parse(address: str, req: ak.Request) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("upper", "lower"),
+    [(_parse_order, _no_parse), (None, _no_parse), (_no_parse, None)],
+    ids=["two-functions", "parse-only-below", "parse-only-above"],
+)
+def test_stacked_routes_of_a_handler_share_one_parse_function(upper: Any, lower: Any) -> None:
+    with pytest.raises(TypeError, match="same parse function"):
 
         class Twice(ak.Actor):
-            @ak.route("GET", "/a", parse=_parse_order)
-            @ak.route("GET", "/b", parse=lambda address, req: None)
+            @ak.route("GET", "/a", parse=upper)
+            @ak.route("GET", "/b", parse=lower)
             async def h(self, req: ak.Request) -> ak.Response:
                 return ak.Response()
+
+
+def test_parse_must_be_a_plain_function() -> None:
+    async def later(address: str, req: ak.Request) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="plain function"):
+        ak.route("GET", "/a", parse=later)
+
+
+def _parse_badly(address: str, req: ak.Request) -> object:
+    return req.json()["qty"] + 1  # a list body raises TypeError: a bug, not bad input
+
+
+bug_app = ak.App()
+
+
+@bug_app.actor("buggy")
+class Buggy(ak.Actor):
+    @ak.route("POST", "/order", parse=_parse_badly)
+    async def order(self, req: ak.Request) -> ak.Response:
+        return ak.Response()
+
+    @ak.rpc
+    async def call(self) -> int:
+        resp = await self.actors.call("buggy/b", "POST", "/order", b"[1]")
+        return resp.status
+
+
+async def test_a_failing_parse_is_a_json_500_never_an_exception(tmp_path: Path) -> None:
+    async with ak.testing.open_host(bug_app, tmp_path) as host:
+        resp = await host.request("POST", "/buggy/a/order", json=[1, 2])
+        assert resp.status == 500 and resp.json()["error"] == "TypeError"
+        via_actor = await host.request("POST", "/buggy/c/_rpc/call", json={})
+        assert via_actor.status == 200 and via_actor.json() == 500
+        # Only buggy/c, the caller, has a file: the refused requests opened nothing.
+        assert [p.name for p in sqlite_files(tmp_path)] == ["c.sqlite"]
