@@ -619,7 +619,7 @@ class Host:
                     404, "NotFound", f"{class_name} has no route {request.method} {request.path}"
                 )
             fn, params = found
-            parse = router.parsers.get(fn)
+            inline, parse = router.handlers[fn]
             if parse is not None:
                 try:
                     parsed = parse(address, request, **params)
@@ -631,7 +631,7 @@ class Host:
                 if isinstance(parsed, Response):
                     return parsed
                 request.parsed = parsed
-            ev = Event(fn, request, chain, params, inline=router.inline[fn])
+            ev = Event(fn, request, chain, params, inline=inline)
         return await self._dispatch(address, spec, name, ev, timeout)
 
     async def call_rpc(

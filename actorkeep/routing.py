@@ -139,8 +139,8 @@ class Router:
         self.static: dict[tuple[str, str], RouteHandler] = {}
         self.patterns: list[tuple[str, tuple[str, ...], RouteHandler]] = []
         self.rpcs: dict[str, RpcMethod] = {}
-        self.inline: dict[RouteHandler, bool] = {}  # route handlers that never suspend
-        self.parsers: dict[RouteHandler, Parser] = {}
+        # Route handler -> (it never suspends, its parse function): one lookup per request.
+        self.handlers: dict[RouteHandler, tuple[bool, Parser | None]] = {}
         seen: set[str] = set()
         for klass in cls.__mro__:
             for attr, fn in vars(klass).items():
@@ -150,10 +150,7 @@ class Router:
                 if getattr(fn, _RPC_ATTR, False):
                     self.rpcs[attr] = RpcMethod(attr, fn)
                 if getattr(fn, _ROUTES_ATTR, ()):
-                    self.inline[fn] = never_suspends(fn)
-                    parse = getattr(fn, _PARSE_ATTR, None)
-                    if parse is not None:
-                        self.parsers[fn] = parse
+                    self.handlers[fn] = (never_suspends(fn), getattr(fn, _PARSE_ATTR, None))
                 for method, path in getattr(fn, _ROUTES_ATTR, ()):
                     segments = tuple(path.strip("/").split("/")) if path != "/" else ()
                     if any(s.startswith("{") and s.endswith("}") for s in segments):

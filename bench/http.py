@@ -48,9 +48,9 @@ from typing import Any, cast
 import trio
 
 import actorkeep as ak
+from bench.procs import LOOPBACK, free_port
 
 TARGET = 0.7
-LOOPBACK = "127.0.0.1"
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 PATH = "/bench/hello/_rpc/hello"
 BODY = b"{}"
@@ -134,13 +134,6 @@ async def serve(kind: str, port: int, data: Path) -> None:
     host = ak.Host(app, ak.FileStorage(data))
     async with host.open():
         await run(cast(Any, AsgiApp(Front(host))))
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -64,7 +64,6 @@ import contextlib
 import json
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -78,9 +77,9 @@ import trio
 import actorkeep as ak
 import queues
 import shards
+from bench.procs import LOOPBACK, free_port, pct, read_rss_kib, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOPBACK = "127.0.0.1"
 RSS_GROWTH = 1.2  # max RSS of the second half <= this x max RSS of the first half
 REQUEST_TIMEOUT = 30.0  # seconds for one request; a request without an answer is an error
 START_DEADLINE = 30.0
@@ -211,12 +210,6 @@ class Sink(ak.Actor):
 # -- the host process -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """``python -m actorkeep serve bench.load:app`` on a free loopback port."""
 
@@ -270,25 +263,7 @@ class Server:
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 15 s; the exit code."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        return proc.returncode
-
-
-def read_rss_kib(pid: int) -> int:
-    """The resident memory of a process (``VmRSS``), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+        return None if self.proc is None else stop_process(self.proc)
 
 
 def read_cpu_seconds(pid: int) -> float:
@@ -675,14 +650,6 @@ async def verify(port: int, stats: Stats, sample: int, rng: random.Random) -> tu
 
 
 # -- report -----------------------------------------------------------------------------------
-
-
-def pct(sorted_values: list[float], p: float) -> float:
-    """The ``p``-th percentile (nearest rank) of sorted values."""
-    if not sorted_values:
-        return float("nan")
-    k = max(0, min(len(sorted_values) - 1, round(p / 100 * len(sorted_values) + 0.5) - 1))
-    return sorted_values[k]
 
 
 def ms(x: float) -> str:

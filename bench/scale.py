@@ -59,8 +59,6 @@ import json
 import random
 import resource
 import shutil
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -79,9 +77,9 @@ import actorkeep as ak
 from actorkeep import codec
 from actorkeep.address import actor_path
 from actorkeep.storage import configure_connection
+from bench.procs import LOOPBACK, free_port, pct, read_rss_kib, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOPBACK = "127.0.0.1"
 TARGET_READY = 2.0  # seconds, process start -> first answer
 TARGET_RSS_MB = 500.0
 TARGET_LATENCY = 1.5  # cold per-op latency at --actors / at --small
@@ -255,17 +253,8 @@ def drop_host_db_cache(root: Path) -> None:
 # -- the host process ------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
 def read_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    return read_rss_kib(pid) / 1024
 
 
 @dataclass
@@ -394,17 +383,7 @@ class Server:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        return proc.returncode
+        return None if self.proc is None else stop_process(self.proc)
 
 
 @contextlib.contextmanager
@@ -512,13 +491,6 @@ def host_open_time(root: Path) -> tuple[float, float]:
 
 
 # -- the run ---------------------------------------------------------------------------------
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    return s[max(0, min(len(s) - 1, round(p / 100 * len(s) + 0.5) - 1))]
 
 
 def ms(x: float) -> str:

@@ -26,9 +26,10 @@ class SimHooks:
     outside (no chain) are left alone: the world plays the clients, faults act between actors.
     """
 
-    def __init__(self, world: World, rng: random.Random) -> None:
+    def __init__(self, world: World, rng: random.Random, world_caller: str) -> None:
         self.world = world
         self.rng = rng
+        self.world_chain = (world_caller,)
         self.sites: dict[str, bool] = {}  # site -> enabled in this run (drawn at first use)
         self.fired: dict[str, int] = {}
 
@@ -37,9 +38,7 @@ class SimHooks:
         return self.world.faults
 
     def _between_actors(self, chain: tuple[str, ...]) -> bool:
-        from .world import WORLD_CALLER
-
-        return chain != (WORLD_CALLER,)
+        return chain != self.world_chain
 
     async def before_call(self, chain: tuple[str, ...], address: str) -> None:
         f = self.faults

@@ -11,7 +11,7 @@ from .determinism import sub_rng
 from .queue_bugs import QUEUE_BUGS
 from .queue_checker import check_queue
 from .queue_workload import PushRecorder, draw_plan, make_app, run_queue_workload
-from .scenario import ALL_FAULTS, SeedResult, draw_faults
+from .scenario import ALL_FAULTS, SeedResult, draw_faults, seed_result
 from .world import World
 
 
@@ -48,14 +48,5 @@ def run_queue_seed(
     world.run(run_queue_workload(world, plan, recorder, draw.timed, draw.power_p))
     history = world.history
     violations = check_errors(history) + check_queue(history, plan.max_attempts())
-    return SeedResult(
-        seed,
-        world.trace_hash(),
-        violations,
-        history,
-        len(history.ops) + len(history.observations),
-        history.counts(),
-        world.crashes,
-        time.perf_counter() - started,
-        summary,
-    )
+    ops = len(history.ops) + len(history.observations)
+    return seed_result(seed, world, violations, ops, started, summary)

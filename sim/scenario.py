@@ -143,7 +143,7 @@ def draw_faults(rng: random.Random, kinds: frozenset[str] = ALL_FAULTS) -> Fault
     return FaultDraw(mode, faults, timed)
 
 
-def _result(
+def seed_result(
     seed: int,
     world: World,
     violations: list[Violation],
@@ -151,6 +151,7 @@ def _result(
     started: float,
     summary: dict[str, object],
 ) -> SeedResult:
+    """The outcome of a finished run of ``world``."""
     history = world.history
     return SeedResult(
         seed,
@@ -196,7 +197,7 @@ def run_kv_seed(
         + check_kv(history, plan.shards)
         + check_kv_exhaustive(history, plan.shards, max_ops=EXHAUSTIVE_MAX_OPS)
     )
-    return _result(seed, world, violations, len(history.ops), started, summary)
+    return seed_result(seed, world, violations, len(history.ops), started, summary)
 
 
 def run_alarm_seed(
@@ -234,4 +235,4 @@ def run_alarm_seed(
     history = world.history
     violations = check_errors(history) + check_alarms(history, late)
     ops = len(history.ops) + sum(1 for o in history.observations if o.kind == "fire")
-    return _result(seed, world, violations, ops, started, summary)
+    return seed_result(seed, world, violations, ops, started, summary)

@@ -127,7 +127,7 @@ class World:
         self.history = History()
         self.host_options = dict(host_options or {})
         self._fault_rng = self.rng("world-faults")
-        self.hooks = SimHooks(self, self.rng("hooks"))
+        self.hooks = SimHooks(self, self.rng("hooks"), WORLD_CALLER)
         self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)
         self.current: Incarnation | None = None
         self.incarnations = 0

@@ -323,19 +323,25 @@ def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
     db.close()
 
 
-async def test_rearming_at_once_from_the_alarm_needs_no_fsync(
-    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files ``FileDatabase.sync`` made durable, in order."""
     from actorkeep.storage import FileDatabase
 
-    syncs: list[Path] = []
+    synced: list[str] = []
     real_sync = FileDatabase.sync
 
     async def counting_sync(self: FileDatabase) -> None:
-        syncs.append(self.path)
+        synced.append(self.path.name)
         await real_sync(self)
 
     monkeypatch.setattr(FileDatabase, "sync", counting_sync)
+    return synced
+
+
+async def test_rearming_at_once_from_the_alarm_needs_no_fsync(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, syncs: list[str]
+) -> None:
     async with open_host(app, data_dir) as host:
         await rpc(host, "chain/c", "start", n=5)
         before = len(syncs)
@@ -520,18 +526,8 @@ class Lazy(ak.Actor):
 
 
 async def test_a_plain_alarm_pays_one_index_fsync_then_none(
-    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path, autojump_clock: trio.testing.MockClock, syncs: list[str]
 ) -> None:
-    from actorkeep.storage import FileDatabase
-
-    syncs: list[str] = []
-    real_sync = FileDatabase.sync
-
-    async def counting_sync(self: FileDatabase) -> None:
-        syncs.append(self.path.name)
-        await real_sync(self)
-
-    monkeypatch.setattr(FileDatabase, "sync", counting_sync)
     async with open_host(app, data_dir) as host:
         t0 = host.host.clock.now()
         await rpc(host, "lazy/a", "arm", at=t0 + 100, durable=False)
