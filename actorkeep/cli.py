@@ -1,8 +1,10 @@
-"""``actorkeep serve MODULE:APP``: one host process on hypercorn's trio worker (SPEC §11)."""
+"""``actorkeep serve MODULE:APP``: one host process serving HTTP/1.1 (actorkeep.server)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -10,15 +12,14 @@ import resource
 import signal
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import structlog
 import trio
 
 from .app import App
-from .asgi import AsgiApp
-from .front import Front
 from .host import Host
+from .server import ServerLimits, serve_http
 from .storage import DataDirInUse, FileStorage
 
 log = structlog.get_logger("actorkeep")
@@ -72,15 +73,25 @@ def configure_logging(fmt: str) -> None:
 
 #: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index.
 FILES_PER_ACTOR = 3
-#: Descriptors kept for the rest: the host database, sockets, the interpreter's own.
-FILES_RESERVED = 256
+#: Descriptors kept for everything else: the host database and its lock, listeners, the
+#: interpreter's own, a WAL opened for an fsync, the files an app's code opens.
+FILES_RESERVED = 64
+#: When the limit cannot hold both, sockets get at most this share of what is left.
+SOCKET_SHARE = 4
 
 
-def max_active_for(max_active: int, open_file_limit: int) -> int:
-    """``max_active``, lowered to what ``open_file_limit`` descriptors can hold."""
+def fit_open_files(max_active: int, max_connections: int, open_file_limit: int) -> tuple[int, int]:
+    """``(max_active, max_connections)`` lowered so that actors in memory and client
+    sockets together stay within ``open_file_limit`` descriptors (sockets and actors' files
+    share it). Unchanged when they fit."""
     if open_file_limit == resource.RLIM_INFINITY:
-        return max_active
-    return max(1, min(max_active, (open_file_limit - FILES_RESERVED) // FILES_PER_ACTOR))
+        return max_active, max_connections
+    budget = max(open_file_limit - FILES_RESERVED, 2 * FILES_PER_ACTOR)
+    if max_active * FILES_PER_ACTOR + max_connections <= budget:
+        return max_active, max_connections
+    connections = max(1, min(max_connections, budget // SOCKET_SHARE))
+    active = max(1, min(max_active, (budget - connections) // FILES_PER_ACTOR))
+    return active, connections
 
 
 def _raise_open_file_limit() -> int:
@@ -99,17 +110,9 @@ def _raise_open_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def hypercorn_config(bind_host: str, port: int) -> Any:
-    """How ``actorkeep serve`` configures hypercorn (the benchmarks use it too)."""
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = [f"{bind_host}:{port}"]
-    config.accesslog = None  # structlog reports what matters; an access log costs per request
-    config.errorlog = None
-    config.graceful_timeout = 5.0
-    config.keep_alive_timeout = 30.0
-    return config
+def _url(sock: trio.socket.SocketType) -> str:
+    address, port = sock.getsockname()[:2]
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 async def serve(
@@ -119,40 +122,39 @@ async def serve(
     bind_host: str,
     port: int,
     host_options: dict[str, Any],
+    limits: ServerLimits,
     limited: dict[str, Any] | None = None,
 ) -> None:
-    from hypercorn.trio import serve as hypercorn_serve
-
-    limited = limited or {}
+    # Bind first: a port in use is reported before anything is made in the data directory.
+    listeners = await trio.open_tcp_listeners(port, host=bind_host)
+    if limited:
+        log.warning(
+            "the open-file limit holds fewer actors and connections than asked; raise it "
+            "with `ulimit -n`",
+            **limited,
+        )
     host = Host(app, FileStorage(data), **host_options)
-    config = hypercorn_config(bind_host, port)
-    async with host.open():
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
-            async def shutdown_trigger() -> None:
-                async for signum in signals:
-                    log.info("shutting down", signal=signal.Signals(signum).name)
-                    return
+        async def until_signal() -> None:
+            async for signum in signals:
+                log.info("shutting down", signal=signal.Signals(signum).name)
+                return
 
-            async with trio.open_nursery() as nursery:
-                urls = await nursery.start(
-                    lambda task_status: hypercorn_serve(
-                        cast(Any, AsgiApp(Front(host))),
-                        config,
-                        shutdown_trigger=shutdown_trigger,
-                        task_status=task_status,
-                    )
-                )
-                log.info(
-                    "actorkeep serving",
-                    app=app_spec,
-                    urls=urls,
-                    data=str(data),
-                    classes=sorted(app.classes),
-                    pid=os.getpid(),
-                    max_active=host.max_active,
-                    **limited,
-                )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(serve_http, host, listeners, limits, until=until_signal)
+            )
+            log.info(
+                "actorkeep serving",
+                app=app_spec,
+                urls=[_url(listener.socket) for listener in listeners],
+                data=str(data),
+                classes=sorted(app.classes),
+                pid=os.getpid(),
+                max_active=host.max_active,
+                max_connections=limits.max_connections,
+            )
     log.info("stopped")
 
 
@@ -175,6 +177,36 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-active", type=int, default=10_000, help="actors in memory (10,000)")
     p.add_argument("--max-pending", type=int, default=1_000, help="waiting events (1,000)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="request bytes (1 MiB)")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256 << 20,
+        help="bytes of outside requests in flight, bodies and what they decode to (256 MiB)",
+    )
+    defaults = ServerLimits()
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help=f"open client connections ({defaults.max_connections:,})",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=defaults.keep_alive_timeout,
+        help=f"seconds an idle connection is kept ({defaults.keep_alive_timeout:g})",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=defaults.graceful_timeout,
+        help=f"seconds running requests get at shutdown ({defaults.graceful_timeout:g})",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show outside clients the exception of a failed event (never in production)",
+    )
     p.add_argument("--log-format", choices=["console", "json"], default="console")
     args = parser.parse_args(argv)
     configure_logging(args.log_format)
@@ -187,10 +219,17 @@ def main(argv: list[str] | None = None) -> None:
         "max_active": args.max_active,
         "max_pending": args.max_pending,
         "max_body": args.max_body,
+        "max_inflight_bytes": args.max_inflight,
+        "debug": args.debug,
     }
     data = Path(args.data).resolve()
-    try:
-        Host(app, FileStorage(data), **host_options)  # validate options before touching disk
+    try:  # validate options before touching disk
+        Host(app, FileStorage(data), **host_options)
+        limits = ServerLimits(
+            max_connections=args.max_connections,
+            keep_alive_timeout=args.keep_alive_timeout,
+            graceful_timeout=args.graceful_timeout,
+        )
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
     try:
@@ -199,14 +238,24 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"actorkeep: cannot use {str(data)!r} as the data directory: {exc}"
         ) from None
-    # Past the open-file limit actors would fail to open (500): evict before that instead.
+    # Past the open-file limit actors would fail to open and connections to be accepted:
+    # evict actors and close waiting connections before that instead.
     open_file_limit = _raise_open_file_limit()
-    host_options["max_active"] = max_active_for(args.max_active, open_file_limit)
+    active, connections = fit_open_files(args.max_active, args.max_connections, open_file_limit)
     limited: dict[str, Any] = {}
-    if host_options["max_active"] < args.max_active:
-        limited = {"max_active_asked": args.max_active, "open_file_limit": open_file_limit}
+    if (active, connections) != (args.max_active, args.max_connections):
+        limited = {
+            "open_file_limit": open_file_limit,
+            "max_active": f"{active} (asked {args.max_active})",
+            "max_connections": f"{connections} (asked {args.max_connections})",
+            "defaults_need": FILES_RESERVED
+            + p.get_default("max_active") * FILES_PER_ACTOR
+            + defaults.max_connections,
+        }
+        host_options["max_active"] = active
+        limits = dataclasses.replace(limits, max_connections=connections)
     try:
-        trio.run(serve, app, args.app, data, args.host, args.port, host_options, limited)
+        trio.run(serve, app, args.app, data, args.host, args.port, host_options, limits, limited)
     except* DataDirInUse as group:
         raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
     except* OSError as group:

@@ -33,12 +33,51 @@ def encoding_of(content_type: str | None) -> Encoding:
     raise ValueError(f"unsupported content type {content_type!r}: use {JSON} or {MSGPACK}")
 
 
+#: Values (scalars and containers) one body may decode to. A decoded value costs tens of bytes
+#: whatever its size on the wire (an empty map is one byte of msgpack and 64 of Python), so the
+#: count, not the body's length, bounds the memory a decoded body holds.
+MAX_VALUES = 131_072
+#: Bytes of memory charged per decoded value against the host's in-flight budget.
+VALUE_COST = 64
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False)
+    """Decode msgpack; no container may hold more than ``MAX_VALUES`` entries."""
+    return msgpack.unpackb(data, raw=False, max_array_len=MAX_VALUES, max_map_len=MAX_VALUES)
+
+
+def unpack_counted(data: bytes, max_values: int = MAX_VALUES) -> tuple[Any, int]:
+    """Decode msgpack and count its values; ``ValueError`` past ``max_values`` (checked while
+    decoding, so a body of a million empty maps stops after ``max_values`` of them)."""
+    count = 1
+
+    def seen_list(items: list[Any]) -> list[Any]:
+        nonlocal count
+        count += len(items)
+        if count > max_values:
+            raise ValueError(f"more than {max_values} values")
+        return items
+
+    def seen_map(items: dict[Any, Any]) -> dict[Any, Any]:
+        nonlocal count
+        count += 2 * len(items)
+        if count > max_values:
+            raise ValueError(f"more than {max_values} values")
+        return items
+
+    value = msgpack.unpackb(
+        data,
+        raw=False,
+        list_hook=seen_list,
+        object_hook=seen_map,
+        max_array_len=max_values,
+        max_map_len=max_values,
+    )
+    return value, count
 
 
 def encode(value: Any, encoding: Encoding) -> bytes:
@@ -67,22 +106,63 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def json_loads(body: bytes | str) -> Any:
-    """Strict JSON: NaN, Infinity and numbers that overflow a float are refused."""
-    return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+def json_loads(body: bytes | str, max_values: int = MAX_VALUES) -> Any:
+    """Strict JSON: NaN, Infinity and numbers that overflow a float are refused, and so are
+    bodies nested deeper than the interpreter's recursion limit or holding more than
+    ``max_values`` values (``ValueError``)."""
+    value, _ = json_loads_counted(body, max_values)
+    return value
 
 
-def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
-    """Decode an argument map; an empty body means no arguments. ``ValueError`` if malformed."""
-    if not body:
-        return {}
+def json_loads_counted(body: bytes | str, max_values: int = MAX_VALUES) -> tuple[Any, int]:
+    """``json_loads`` and a count of the values, as ``unpack_counted``."""
+    data = body.encode() if isinstance(body, str) else body
+    # Every value but the outermost follows a `[`, `{`, `,` or `:`; commas and colons inside
+    # strings make this an upper bound, counted exactly below only when it is too high.
+    bound = 1 + data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
     try:
-        args = unpack(body) if encoding == "msgpack" else json_loads(body)
+        value = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    if bound <= max_values:
+        return value, bound
+    count = _count_values(value, max_values)
+    if count > max_values:
+        raise ValueError(f"more than {max_values} values")
+    return value, count
+
+
+def _count_values(value: Any, stop_after: int) -> int:
+    count = 0
+    stack = [value]
+    while stack and count <= stop_after:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            count += len(item)  # the keys
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def decode_args_counted(body: bytes, encoding: Encoding) -> tuple[dict[str, Any], int]:
+    """Decode an argument map and count its values; an empty body means no arguments.
+    ``ValueError`` if malformed or past ``MAX_VALUES``."""
+    if not body:
+        return {}, 0
+    try:
+        args, count = unpack_counted(body) if encoding == "msgpack" else json_loads_counted(body)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ValueError(f"body is not valid {encoding}: {exc}") from None
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise ValueError("arguments must be a map with string keys")
-    return args
+    return args, count
+
+
+def decode_args(body: bytes, encoding: Encoding) -> dict[str, Any]:
+    """Decode an argument map; an empty body means no arguments. ``ValueError`` if malformed."""
+    return decode_args_counted(body, encoding)[0]
 
 
 def decode_result(body: bytes, encoding: Encoding) -> Any:

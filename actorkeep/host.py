@@ -35,6 +35,7 @@ from .alarms import (
     retry_delay,
 )
 from .app import ActorClass, App
+from .budget import ByteBudget
 from .calls import ActorsClient, decode_reply
 from .clock import Clock
 from .errors import (
@@ -281,6 +282,11 @@ class Activation:
                     self.host.poke_alarms(self.alarm.at)
         return db
 
+    @property
+    def where(self) -> str | None:
+        """Where the actor's database lives (for logs), if it is open."""
+        return self.db.where if self.db is not None else None
+
     def sqlalchemy_connection(self) -> sqlalchemy.Connection:
         import sqlalchemy
         from sqlalchemy.pool import StaticPool
@@ -457,11 +463,15 @@ class Host:
         max_active: int = 10_000,
         max_pending: int = 1_000,
         max_body: int = 1 << 20,
+        max_inflight_bytes: int = 256 << 20,
         access: Mapping[str, str] | None = None,
         faults: FaultHooks | None = None,
+        debug: bool = False,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
+        if max_inflight_bytes < max_body:
+            raise ValueError("max_inflight_bytes must be at least max_body")
         self.app = app
         self.storage = storage
         self.clock = clock if clock is not None else Clock()
@@ -470,7 +480,11 @@ class Host:
         self.max_active = max_active
         self.max_pending = max_pending
         self.max_body = max_body
+        #: Bytes of outside requests in flight: bodies and what they decode to.
+        self.inflight = ByteBudget(max_inflight_bytes)
         self.faults = faults
+        #: Show outside clients the exception of a failed event (never in production).
+        self.debug = debug
         self.classes = app.classes
         self._internal = {c for c, a in app.classes.items() if a.access == "internal"}
         for class_name, rule in (access or {}).items():
@@ -490,6 +504,10 @@ class Host:
         self._evictor_scope: trio.CancelScope | None = None
         self._timeouts = CallTimeouts()
         self._inline_budget = INLINE_YIELD_EVERY
+
+    def error_id(self) -> str:
+        """A fresh id that ties an error an outside client sees to the host's log line."""
+        return f"{self.rng.getrandbits(48):012x}"
 
     def buggify(self, site: str) -> bool:
         """Whether the simulator fires the fault at ``site`` now; always False outside it."""
@@ -604,13 +622,15 @@ class Host:
         address = f"{class_name}/{name}"
         router = spec.router
         rpc = router.rpc_for(request.method, request.path)
+        decoded = 0
         if rpc is not None:
             try:
                 encoding = codec.encoding_of(request.headers.get("content-type"))
-                args = codec.decode_args(request.body, encoding)
+                args, values = codec.decode_args_counted(request.body, encoding)
                 rpc.check_args(args)
             except ValueError as exc:
                 return error_response(400, "BadRequest", str(exc))
+            decoded = values * codec.VALUE_COST
             ev = Event(rpc.fn, request, chain, None, args, encoding, rpc.inline)
         else:
             found = router.match(request.method, request.path)
@@ -626,13 +646,21 @@ class Host:
                 except ValueError as exc:
                     return error_response(400, "BadRequest", str(exc))
                 except Exception as exc:  # a bug in the parse function: answered like one
-                    log.error("parse failed", address=address, exc_info=exc)
-                    return error_response(500, type(exc).__name__, str(exc))
+                    return self._error_reply(exc, "parse failed", address, request.caller is None)
                 if isinstance(parsed, Response):
                     return parsed
                 request.parsed = parsed
             ev = Event(fn, request, chain, params, inline=inline)
-        return await self._dispatch(address, spec, name, ev, timeout)
+        if request.caller is not None:
+            return await self._dispatch(address, spec, name, ev, timeout)
+        # From outside: the body and what it decoded to stay in memory until the reply.
+        cost = len(request.body) + decoded
+        if not self.inflight.take(cost):
+            raise Overloaded("too many request bytes in flight on this host")
+        try:
+            return await self._dispatch(address, spec, name, ev, timeout)
+        finally:
+            self.inflight.give(cost)
 
     async def call_rpc(
         self,
@@ -735,7 +763,7 @@ class Host:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
             resp = self._response(act, ev, result)
         except Exception as exc:
-            resp = self._failed(act, exc)
+            resp = self._failed(act, exc, _from_outside(ev))
         finally:
             _current_actor.reset(token)
             act.current = None
@@ -858,7 +886,7 @@ class Host:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
             return outcome.Value(self._response(act, ev, result))
         except Exception as exc:
-            return outcome.Value(self._failed(act, exc))
+            return outcome.Value(self._failed(act, exc, _from_outside(ev)))
 
     @staticmethod
     def _response(act: Activation, ev: Event, result: Any) -> Response:
@@ -879,14 +907,33 @@ class Host:
             )
         return result
 
-    def _failed(self, act: Activation, exc: Exception) -> Response:
+    def _failed(self, act: Activation, exc: Exception, outside: bool = False) -> Response:
         """A failed event: roll back, discard the instance, log, answer 500."""
         try:
             act.rollback()
         except Exception:
-            log.exception("rollback failed", address=act.address)
+            log.exception("rollback failed", address=act.address, file=act.where)
         act.discard_instance()
-        log.error("event failed", address=act.address, error=type(exc).__name__, exc_info=exc)
+        return self._error_reply(exc, "event failed", act.address, outside, act.where)
+
+    def _error_reply(
+        self, exc: Exception, what: str, address: str, outside: bool, where: str | None = None
+    ) -> Response:
+        """Log a failure with a fresh error id and answer 500: with the exception to actors
+        (and in debug mode), with only the id to outside clients."""
+        error_id = self.error_id()
+        log.error(
+            what,
+            address=address,
+            error=type(exc).__name__,
+            error_id=error_id,
+            **({"file": where} if where is not None else {}),
+            exc_info=exc,
+        )
+        if outside and not self.debug:
+            return error_response(
+                500, "InternalError", f"internal error; the host's log has id {error_id}"
+            )
         return error_response(500, type(exc).__name__, str(exc))
 
     # -- eviction -------------------------------------------------------------------------
@@ -1104,6 +1151,10 @@ class Host:
             retries=state.retry_count,
         )
         return True
+
+
+def _from_outside(ev: Event) -> bool:
+    return ev.request is not None and ev.request.caller is None
 
 
 def parse_query(query_string: str) -> dict[str, str]:

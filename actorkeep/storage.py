@@ -28,6 +28,10 @@ class Database(Protocol):
 
     conn: sqlite3.Connection
 
+    @property
+    def where(self) -> str:
+        """Where the database lives, for logs and error messages (a file's path)."""
+
     async def sync(self) -> None:
         """Make every write committed so far durable (survive power loss)."""
 
@@ -61,6 +65,7 @@ class FileDatabase:
 
     def __init__(self, path: Path, new_dirs: list[Path], in_thread: bool = True) -> None:
         self.path = path
+        self.where = str(path)
         self._wal = Path(f"{path}-wal")
         # Directories whose entries must be fsynced once for new files to survive power loss:
         # the file's own directory (the WAL is created there) and the parent of every

@@ -109,7 +109,13 @@ async def open_host(
     clock: Clock | None = None,
     **host_options: Any,
 ) -> AsyncIterator[TestHost]:
-    """Open a host for ``app`` with its files under ``data_dir`` (or on ``storage``)."""
+    """Open a host for ``app`` with its files under ``data_dir`` (or on ``storage``).
+
+    Unlike ``actorkeep serve``, a test host shows outside requests the exception of a failed
+    event (``debug=True``), so that tests can assert on it; pass ``debug=False`` to see what
+    outside clients of a production host get.
+    """
+    host_options.setdefault("debug", True)
     if storage is None:
         if data_dir is None:
             raise TypeError("open_host needs data_dir or storage")

@@ -1,11 +1,11 @@
 """Outside HTTP requests to an ``@rpc`` method vs a bare hypercorn hello-world ASGI app.
 
-Two server processes run side by side, both on hypercorn's trio worker with the same config as
-``actorkeep serve`` (actorkeep/cli.py) on 127.0.0.1:
+Two server processes run side by side on 127.0.0.1, both on trio:
 
-- actorkeep: ``hypercorn.trio.serve(AsgiApp(Front(host)))`` over a ``Host`` on ``FileStorage``;
-  the request reaches ``@rpc hello`` of the actor ``bench/hello``;
-- baseline: a bare ASGI app that reads the body and answers ``200 hello``.
+- actorkeep: ``actorkeep.server.serve_http`` with the limits of ``actorkeep serve``, over a
+  ``Host`` on ``FileStorage``; the request reaches ``@rpc hello`` of the actor ``bench/hello``;
+- baseline: a bare ASGI app that reads the body and answers ``200 hello``, on hypercorn's trio
+  worker.
 
 This process is the load generator for both: the identical request
 (``POST /bench/hello/_rpc/hello`` with the JSON body ``{}``) over several keep-alive HTTP/1.1
@@ -109,31 +109,29 @@ async def bare_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def serve(kind: str, port: int, data: Path) -> None:
-    """Serve one side until SIGTERM/SIGINT, configured as ``actorkeep serve`` does."""
-    from hypercorn.trio import serve as hypercorn_serve
+    """Serve one side until SIGTERM/SIGINT: actorkeep as ``actorkeep serve`` does, the bare
+    app on hypercorn's trio worker."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
-    from actorkeep.cli import hypercorn_config
+        async def until_signal() -> None:
+            async for _ in signals:
+                return
 
-    config = hypercorn_config(LOOPBACK, port)
+        if kind == "bare":
+            from hypercorn.config import Config
+            from hypercorn.trio import serve as hypercorn_serve
 
-    async def run(asgi: Any) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            config = Config()
+            config.bind = [f"{LOOPBACK}:{port}"]
+            config.accesslog = None
+            config.errorlog = None
+            await hypercorn_serve(cast(Any, bare_app), config, shutdown_trigger=until_signal)
+            return
+        from actorkeep.server import ServerLimits, serve_http
 
-            async def shutdown_trigger() -> None:
-                async for _ in signals:
-                    return
-
-            await hypercorn_serve(asgi, config, shutdown_trigger=shutdown_trigger)
-
-    if kind == "bare":
-        await run(bare_app)
-        return
-    from actorkeep.asgi import AsgiApp
-    from actorkeep.front import Front
-
-    host = ak.Host(app, ak.FileStorage(data))
-    async with host.open():
-        await run(cast(Any, AsgiApp(Front(host))))
+        host = ak.Host(app, ak.FileStorage(data))
+        listeners = await trio.open_tcp_listeners(port, host=LOOPBACK)
+        await serve_http(host, listeners, ServerLimits(), until=until_signal)
 
 
 @dataclass
@@ -205,8 +203,8 @@ class Load:
 class _Conn:
     """One keep-alive connection with at most one request in flight.
 
-    hypercorn closes a connection after ``keep_alive_max_requests`` (1,000) requests, saying
-    ``connection: close``; the connection then reconnects, as an HTTP client would.
+    Both servers close a connection after 1,000 requests, saying ``connection: close``; the
+    connection then reconnects, as an HTTP client would.
     """
 
     __slots__ = ("buf", "busy", "closing", "port", "sock")

@@ -132,6 +132,7 @@ class _BulkDatabase:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.where = str(path)
         self.conn = sqlite3.connect(path, isolation_level=None)
         try:
             self.conn.execute("PRAGMA synchronous=OFF")  # the switch to WAL without a sync

@@ -80,6 +80,10 @@ class SimDatabase:
     def key(self) -> str:
         return self._file.key
 
+    @property
+    def where(self) -> str:
+        return f"sim:{self._file.key}"
+
     def committed_image(self) -> bytes | None:
         if self.conn.in_transaction:
             raise RuntimeError(

@@ -125,7 +125,8 @@ class World:
         self.faults = faults if faults is not None else Faults()
         self.clock = Clock(anchor=anchor)
         self.history = History()
-        self.host_options = dict(host_options or {})
+        # Tests and checkers read why an outside request failed: show it (actorkeep --debug).
+        self.host_options = {"debug": True, **(host_options or {})}
         self._fault_rng = self.rng("world-faults")
         self.hooks = SimHooks(self, self.rng("hooks"), WORLD_CALLER)
         self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)

@@ -9,11 +9,20 @@ import pytest
 from actorkeep import cli
 
 
-def test_max_active_is_lowered_to_what_the_open_file_limit_holds() -> None:
-    assert cli.max_active_for(1_000, 1 << 20) == 1_000
-    assert cli.max_active_for(1_000, resource.RLIM_INFINITY) == 1_000
-    assert cli.max_active_for(10_000, 20_000) == (20_000 - 256) // 3  # three files an actor
-    assert cli.max_active_for(10_000, 100) == 1
+def test_actors_and_connections_are_lowered_to_what_the_open_file_limit_holds() -> None:
+    assert cli.fit_open_files(1_000, 1024, 1 << 20) == (1_000, 1024)
+    assert cli.fit_open_files(1_000, 1024, resource.RLIM_INFINITY) == (1_000, 1024)
+    # Three files an actor, one a socket, 64 kept for the rest: 3,000 + 1,024 + 64 fit.
+    assert cli.fit_open_files(1_000, 1024, 4_088) == (1_000, 1024)
+    # Too few: sockets get a quarter of what is left, actors the rest.
+    budget = 20_000 - 64
+    assert cli.fit_open_files(10_000, 1024, 20_000) == ((budget - 1024) // 3, 1024)
+    assert cli.fit_open_files(10_000, 1024, 2_048) == ((1984 - 496) // 3, 496)
+    assert cli.fit_open_files(10_000, 1024, 256) == ((192 - 48) // 3, 48)
+    assert cli.fit_open_files(10_000, 1024, 10) == (1, 1)
+    for limit in (100, 256, 1024, 2048, 20_000):
+        active, connections = cli.fit_open_files(10_000, 1024, limit)
+        assert active * 3 + connections + 64 <= max(limit, 70)
 
 
 class Limits:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from actorkeep import cli
 from actorkeep.address import actor_path
 
 pytestmark = pytest.mark.slow
@@ -83,9 +84,12 @@ def free_port() -> int:
 class Server:
     """One ``python -m actorkeep serve`` process; stderr goes to ``self.log``."""
 
-    def __init__(self, app: str, data: Path, args: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: str, data: Path, args: tuple[str, ...], open_files: int | None = None
+    ) -> None:
         self.app = app
         self.data = data
+        self.open_files = open_files  # RLIMIT_NOFILE of the process, soft and hard
         self.log = data.parent / f"host-{next(_log_numbers)}.stderr"
         for _ in range(3):  # another process may take the free port before the host binds it
             self.port = free_port()
@@ -101,9 +105,21 @@ class Server:
         cmd = [sys.executable, "-m", "actorkeep", "serve", self.app]
         cmd += ["--data", str(self.data), "--host", "127.0.0.1", "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        limit = self.open_files
+
+        def limit_files() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         with self.log.open("ab") as err:
             return subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                preexec_fn=limit_files,
             )
 
     def _wait_healthy(self) -> bool:
@@ -166,9 +182,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(app: str, data: Path, *args: str) -> Iterator[Server]:
+def serve(app: str, data: Path, *args: str, open_files: int | None = None) -> Iterator[Server]:
     """A running host; always killed on exit. Its stderr is printed for pytest's report."""
-    server = Server(app, data, args)
+    server = Server(app, data, args, open_files)
     try:
         yield server
     finally:
@@ -338,16 +354,21 @@ def test_max_active_is_kept_within_the_open_file_limit(tmp_path: Path) -> None:
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no limit on open files here")
     with serve(COUNTER_APP, tmp_path / "data", "--max-active", str(hard)) as server:
+        active, connections = cli.fit_open_files(hard, 1024, hard)
+        warning = server.wait_for_line("the open-file limit holds fewer")
+        assert f"max_active='{active} (asked {hard})'" in warning, warning
+        assert f"max_connections='{connections} (asked 1024)'" in warning, warning
+        assert f"open_file_limit={hard}" in warning, warning
         line = server.wait_for_line("actorkeep serving")
-        assert f"max_active={(hard - 256) // 3}" in line, line
-        assert f"max_active_asked={hard}" in line and f"open_file_limit={hard}" in line, line
+        assert f"max_active={active}" in line and f"max_connections={connections}" in line
         assert server.rpc("/counter/a/_rpc/incr", {"by": 1}).json() == 1
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_startup_line_and_clean_shutdown(tmp_path: Path, signum: signal.Signals) -> None:
     data = tmp_path / "data"
-    with serve(COUNTER_APP, data) as server:
+    # Within any open-file limit, so that no warning is due.
+    with serve(COUNTER_APP, data, "--max-active", "100") as server:
         line = server.wait_for_line("actorkeep serving")
         assert f"urls=['http://127.0.0.1:{server.port}']" in line
         assert f"app={COUNTER_APP}" in line
@@ -603,12 +624,16 @@ def test_bad_input_is_refused_and_the_host_keeps_serving(tmp_path: Path) -> None
             assert refused(reply, 400, "BadRequest").startswith("invalid actor name"), name
         assert sqlite_files(data) == {actor_path(data / "actors", "ledger", "x")}
 
-        # A handler that raises: 500 with the exception, its transaction rolled back.
+        # A handler that raises: 500 with an error id (the exception stays in the log, with
+        # that id), its transaction rolled back.
         reply = server.rpc("/ledger/x/_rpc/fail", {"by": 100})
         assert reply.status == 500
-        assert reply.json() == {"error": "RuntimeError", "message": "ledger x refuses 100"}
+        assert reply.json()["error"] == "InternalError"
+        error_id = reply.json()["message"].rpartition(" ")[2]
+        assert "refuses" not in reply.body.decode() and "sqlite" not in reply.body.decode()
         failure = server.wait_for_line("event failed")
         assert "address=ledger/x" in failure and "error=RuntimeError" in failure
+        assert f"error_id={error_id}" in failure
         assert "RuntimeError: ledger x refuses 100" in server.stderr()  # the traceback
 
         # The host keeps serving, and nothing refused above was applied.

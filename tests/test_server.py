@@ -1,0 +1,501 @@
+"""The HTTP/1.1 server of ``actorkeep serve`` (actorkeep/server.py) on real loopback sockets.
+
+Each test runs ``serve_http`` in its own trio run with short limits, and talks to it with raw
+trio sockets, so every byte on the wire is the test's choice. Times are real (a MockClock would
+jump while the server waits for the client's bytes), kept to fractions of a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import trio
+
+import actorkeep as ak
+from actorkeep.server import HttpServer, ServerLimits, serve_http
+
+app = ak.App()
+
+
+@app.actor("counter")
+class Counter(ak.Actor):
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS c (id INTEGER PRIMARY KEY, n INTEGER)")
+
+    @ak.rpc
+    async def incr(self, by: int = 1) -> int:
+        self.sql.exec(
+            "INSERT INTO c VALUES (0, ?) ON CONFLICT(id) DO UPDATE SET n = n + excluded.n", (by,)
+        )
+        return int(self.sql.exec("SELECT n FROM c").fetchone()[0])
+
+    @ak.route("GET", "/")
+    async def show(self, req: ak.Request) -> ak.Response:
+        row = self.sql.exec("SELECT n FROM c").fetchone()
+        return ak.Response.json({"n": row[0] if row else 0})
+
+    @ak.route("POST", "/echo")
+    async def echo(self, req: ak.Request) -> ak.Response:
+        return ak.Response(200, {"content-type": "application/octet-stream"}, req.body)
+
+    @ak.rpc
+    async def slow(self, seconds: float) -> str:
+        await trio.sleep(seconds)
+        return "done"
+
+    @ak.route("GET", "/bad-header")
+    async def bad_header(self, req: ak.Request) -> ak.Response:
+        return ak.Response(200, {"x-broken": "a\r\nb"}, b"")
+
+
+FAST = ServerLimits(
+    max_connections=16,
+    keep_alive_timeout=0.5,
+    header_timeout=0.5,
+    transfer_grace=0.5,
+    min_rate=64 * 1024,
+    graceful_timeout=0.5,
+)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    data_dir: Path, limits: ServerLimits = FAST, **host_options: Any
+) -> AsyncIterator[tuple[HttpServer, int]]:
+    host = ak.Host(app, ak.FileStorage(data_dir), **host_options)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            functools.partial(serve_http, host, listeners, limits, until=stop.wait)
+        )
+        yield server, port
+        stop.set()
+
+
+async def connect(port: int) -> trio.SocketStream:
+    return await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def read_until_closed(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
+    data = b""
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def read_replies(
+    stream: trio.SocketStream, count: int, method: bytes = b"GET"
+) -> list[Reply]:
+    """``count`` replies from ``stream``, parsed with h11 as a client would."""
+    client = h11.Connection(h11.CLIENT)
+    replies: list[Reply] = []
+    with trio.fail_after(5):
+        while len(replies) < count:
+            # h11 wants to see the request it is reading the reply of.
+            client.send(h11.Request(method=method, target="/", headers=[("host", "t")]))
+            client.send(h11.EndOfMessage())
+            status, headers, body = 0, {}, b""
+            while True:
+                event = client.next_event()
+                if event is h11.NEED_DATA:
+                    client.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                    headers = {k.decode(): v.decode() for k, v in event.headers}
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    replies.append(Reply(status, headers, body))
+                    break
+                elif isinstance(event, h11.InformationalResponse):
+                    continue
+                else:
+                    raise AssertionError(f"unexpected {event!r}")
+            if client.our_state is h11.MUST_CLOSE or client.their_state is h11.MUST_CLOSE:
+                break
+            client.start_next_cycle()
+    return replies
+
+
+def rpc_request(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n%s\r\n" % (path.encode(), len(body), extra)
+    ) + body
+
+
+async def healthy(port: int) -> bool:
+    stream = await connect(port)
+    async with stream:
+        await stream.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
+        (reply,) = await read_replies(stream, 1)
+        return reply.status == 200
+
+
+# -- HTTP/2 is not served, and cannot end the host -------------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def h2_headers(*fields: tuple[bytes, bytes]) -> bytes:
+    """A HEADERS frame (END_STREAM | END_HEADERS, stream 1) of literal HPACK fields."""
+    block = b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in fields)
+    return len(block).to_bytes(3, "big") + b"\x01\x05\x00\x00\x00\x01" + block
+
+
+H2_PROBES = {
+    "connect-without-path": h2_headers((b":method", b"CONNECT"), (b":authority", b"t")),
+    "non-ascii-path": h2_headers(
+        (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/caf\xc3\xa9/x/")
+    ),
+    "non-ascii-method": h2_headers(
+        (b":method", b"G\xc3\x89T"), (b":scheme", b"http"), (b":path", b"/counter/a/")
+    ),
+}
+
+
+@pytest.mark.parametrize("frames", list(H2_PROBES.values()), ids=list(H2_PROBES))
+async def test_http2_prior_knowledge_gets_505_and_the_host_keeps_serving(
+    data_dir: Path, frames: bytes
+) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(PREFACE + SETTINGS + frames)
+            reply = await read_until_closed(stream)
+        assert reply.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n"), reply
+        assert b"connection: close" in reply
+        assert await healthy(port)
+
+
+async def test_h2c_upgrade_is_ignored(data_dir: Path) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"GET /counter/a/ HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n\r\n"
+            )
+            (reply,) = await read_replies(stream, 1)
+        assert reply.status == 200 and reply.json() == {"n": 0}
+
+
+# -- malformed HTTP/1.1 ----------------------------------------------------------------------
+
+MALFORMED = {
+    "non-ascii-target": (b"GET /caf\xc3\xa9/x/ HTTP/1.1\r\nhost: t\r\n\r\n", 400),
+    "no-host": (b"GET /counter/a/ HTTP/1.1\r\n\r\n", 400),
+    "bad-content-length": (
+        b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: x\r\n\r\n",
+        400,
+    ),
+    "two-lengths": (
+        b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n"
+        b"content-length: 2\r\n\r\nab",
+        400,
+    ),
+    "garbage": (b"\x00\x01\x02\xff\r\n\r\n", 400),
+    "huge-header": (b"GET / HTTP/1.1\r\nhost: t\r\nx: " + b"a" * 20_000 + b"\r\n\r\n", 431),
+    "http-0.9": (b"GET /\r\n\r\n", 400),
+    "http-3.0": (b"GET / HTTP/3.0\r\nhost: t\r\n\r\n", 505),
+}
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), list(MALFORMED.values()), ids=list(MALFORMED))
+async def test_malformed_requests_are_refused_and_create_nothing(
+    data_dir: Path, request_bytes: bytes, status: int
+) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(request_bytes)
+            reply = await read_until_closed(stream)
+        assert reply.startswith(b"HTTP/1.1 %d " % status), reply
+        assert await healthy(port)
+    assert not (data_dir / "actors").exists()
+
+
+async def test_a_response_http_cannot_carry_is_a_500_not_a_dead_connection(
+    data_dir: Path,
+) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(b"GET /counter/a/bad-header HTTP/1.1\r\nhost: t\r\n\r\n")
+            (reply,) = await read_replies(stream, 1)
+        assert reply.status == 500 and reply.json()["error"] == "InternalError"
+
+
+# -- keep-alive, pipelining, bodies ------------------------------------------------------------
+
+
+async def test_keep_alive_and_pipelined_requests_are_answered_in_order(data_dir: Path) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            one = rpc_request("/counter/a/_rpc/incr", b'{"by": 1}')
+            await stream.send_all(one * 3 + b"GET /counter/a/ HTTP/1.1\r\nhost: t\r\n\r\n")
+            replies = await read_replies(stream, 4)
+            assert [r.json() for r in replies] == [1, 2, 3, {"n": 3}]
+            # Still open for more.
+            await stream.send_all(one)
+            (reply,) = await read_replies(stream, 1)
+            assert reply.json() == 4
+
+
+async def test_chunked_body_and_expect_100_continue(data_dir: Path) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\n"
+                b"content-length: 5\r\n\r\n"
+            )
+            with trio.fail_after(2):
+                interim = await stream.receive_some(65536)
+            assert interim.startswith(b"HTTP/1.1 100 "), interim
+            await stream.send_all(b"hello")
+            (reply,) = await read_replies(stream, 1)
+            assert reply.body == b"hello"
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n"
+            )
+            (reply,) = await read_replies(stream, 1)
+            assert reply.body == b"abcdefg"
+
+
+async def test_head_gets_the_length_and_no_body(data_dir: Path) -> None:
+    async with serving(data_dir) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(b"HEAD /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
+            (reply,) = await read_replies(stream, 1, method=b"HEAD")
+        assert reply.status == 200 and reply.body == b""
+        assert int(reply.headers["content-length"]) > 0
+
+
+async def test_bodies_over_max_body_get_413_unread(data_dir: Path) -> None:
+    async with serving(data_dir, max_body=100) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 101\r\n\r\n"
+            )
+            reply = await read_until_closed(stream)
+        assert reply.startswith(b"HTTP/1.1 413 "), reply
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"40\r\n"
+                + b"x" * 64
+                + b"\r\n"
+                + b"40\r\n"
+                + b"x" * 64
+                + b"\r\n"
+            )
+            reply = await read_until_closed(stream)
+        assert reply.startswith(b"HTTP/1.1 413 "), reply
+    assert not (data_dir / "actors").exists()
+
+
+async def test_a_connection_is_closed_after_keep_alive_requests(data_dir: Path) -> None:
+    limits = ServerLimits(keep_alive_requests=3, graceful_timeout=0.1)
+    async with serving(data_dir, limits) as (_, port):
+        stream = await connect(port)
+        async with stream:
+            one = b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n"
+            await stream.send_all(one * 3)
+            replies = await read_replies(stream, 3)
+            assert [r.status for r in replies] == [200, 200, 200]
+            assert replies[-1].headers.get("connection") == "close"
+            assert "connection" not in replies[0].headers
+            assert await read_until_closed(stream) == b""
+
+
+# -- slow and idle clients ---------------------------------------------------------------------
+
+
+async def test_idle_and_slow_clients_are_cut_off(data_dir: Path) -> None:
+    limits = ServerLimits(
+        keep_alive_timeout=0.3, header_timeout=0.3, transfer_grace=0.3, min_rate=1000
+    )
+    async with serving(data_dir, limits) as (_, port):
+        # A connection that sends nothing is closed without a word.
+        stream = await connect(port)
+        async with stream:
+            assert await read_until_closed(stream) == b""
+        # Half a request head: 408 after the header timeout.
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(b"GET /counter/a/ HTTP/1.1\r\nhost:")
+            assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 408 ")
+        # Headers of a 1 MiB body, then nothing.
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 1048576\r\n\r\n"
+            )
+            started = trio.current_time()
+            assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 408 ")
+            assert trio.current_time() - started < 2
+        # A body trickling at 100 bytes/s, under min_rate: cut off, though bytes keep coming.
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n"
+            )
+            got = b""
+            with trio.fail_after(5):
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while not got:
+                        await stream.send_all(b"x" * 10)
+                        with trio.move_on_after(0.1):
+                            got = await stream.receive_some(65536)
+            assert got.startswith(b"HTTP/1.1 408 "), got
+        # An idle keep-alive connection is closed after the keep-alive time.
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
+            await read_replies(stream, 1)
+            started = trio.current_time()
+            assert await read_until_closed(stream) == b""
+            assert 0.2 < trio.current_time() - started < 2
+        assert await healthy(port)
+    assert not (data_dir / "actors").exists()
+
+
+async def test_at_the_connection_cap_the_longest_waiting_connection_makes_room(
+    data_dir: Path,
+) -> None:
+    limits = ServerLimits(max_connections=8, header_timeout=30, transfer_grace=30)
+    async with serving(data_dir, limits) as (server, port):
+        hostile: list[trio.SocketStream] = []
+        for i in range(40):  # five times the cap, each holding a request it never finishes
+            stream = await connect(port)
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 1000000\r\n\r\n"
+                if i % 2
+                else b"GET /counter/a/ HTTP/1.1\r\n"
+            )
+            hostile.append(stream)
+        await trio.sleep(0.1)
+        assert server.connections <= limits.max_connections
+        # A client that sends whole requests is answered every time.
+        for n in range(1, 11):
+            stream = await connect(port)
+            async with stream:
+                await stream.send_all(rpc_request("/counter/a/_rpc/incr", b"{}"))
+                with trio.fail_after(1):
+                    (reply,) = await read_replies(stream, 1)
+                assert reply.json() == n
+        assert server.shed >= 40 - limits.max_connections
+        for stream in hostile:
+            await stream.aclose()
+
+
+async def test_at_the_cap_with_every_connection_busy_new_ones_get_503(data_dir: Path) -> None:
+    limits = ServerLimits(max_connections=2, graceful_timeout=0.1)
+    async with serving(data_dir, limits) as (server, port):
+        busy = [await connect(port) for _ in range(2)]
+        for i, stream in enumerate(busy):
+            await stream.send_all(rpc_request(f"/counter/b{i}/_rpc/slow", b'{"seconds": 1}'))
+        await trio.sleep(0.2)
+        stream = await connect(port)
+        async with stream:
+            reply = await read_until_closed(stream)
+        assert reply.startswith(b"HTTP/1.1 503 "), reply
+        assert b"retry-after: 1" in reply
+        assert server.refused == 1
+        for stream in busy:
+            (done,) = await read_replies(stream, 1)
+            assert done.json() == "done"
+            await stream.aclose()
+
+
+# -- shutdown ----------------------------------------------------------------------------------
+
+
+async def test_shutdown_answers_every_request_it_took(data_dir: Path) -> None:
+    limits = ServerLimits(graceful_timeout=0.3)
+    host = ak.Host(app, ak.FileStorage(data_dir))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    stop = trio.Event()
+    replies: dict[str, Reply] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(serve_http, host, listeners, limits, until=stop.wait))
+
+        async def call(label: str, request: bytes) -> None:
+            stream = await connect(port)
+            async with stream:
+                await stream.send_all(request)
+                (replies[label],) = await read_replies(stream, 1)
+
+        # A quick one finishes within the graceful time; a slow one does not, and one queued
+        # behind it never starts: both get 503 HostClosed, not a closed connection.
+        nursery.start_soon(call, "quick", rpc_request("/counter/q/_rpc/slow", b'{"seconds": 0.1}'))
+        nursery.start_soon(call, "slow", rpc_request("/counter/s/_rpc/slow", b'{"seconds": 10}'))
+        await trio.sleep(0.1)
+        nursery.start_soon(call, "queued", rpc_request("/counter/s/_rpc/incr", b"{}"))
+        idle = await connect(port)
+        await idle.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
+        await read_replies(idle, 1)
+        await trio.sleep(0.1)
+        stop.set()
+        # The idle keep-alive connection is closed at once.
+        assert await read_until_closed(idle, timeout=0.2) == b""
+        await idle.aclose()
+    assert replies["quick"].status == 200 and replies["quick"].json() == "done"
+    for label in ("slow", "queued"):
+        assert replies[label].status == 503, label
+        assert replies[label].json()["error"] == "HostClosed"
+        assert replies[label].headers["connection"] == "close"
+    # Nothing of the queued request ran.
+    async with ak.testing.open_host(app, data_dir) as again:
+        assert (await again.request("GET", "/counter/s/")).json() == {"n": 0}
+
+
+async def test_a_request_arriving_while_draining_is_refused_not_run(data_dir: Path) -> None:
+    async with serving(data_dir, ServerLimits(graceful_timeout=1.0)) as (server, port):
+        slow = await connect(port)
+        await slow.send_all(rpc_request("/counter/s/_rpc/slow", b'{"seconds": 0.3}'))
+        await trio.sleep(0.1)
+        keep = await connect(port)
+        await keep.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
+        await read_replies(keep, 1)
+        server.drain()
+        # Waiting connections are closed; a request that arrives now does not run.
+        assert await read_until_closed(keep, timeout=0.2) == b""
+        late = await connect(port)
+        async with late:
+            await late.send_all(rpc_request("/counter/late/_rpc/incr", b"{}"))
+            (refused,) = await read_replies(late, 1)
+        assert refused.status == 503 and refused.json()["error"] == "HostClosed"
+        assert refused.headers["connection"] == "close"
+        # The request already running is answered, and told the connection closes.
+        (reply,) = await read_replies(slow, 1)
+        assert reply.json() == "done" and reply.headers["connection"] == "close"
+        await slow.aclose()
+        await keep.aclose()
+    assert not any((data_dir / "actors" / "counter").rglob("late*"))
