@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal, TypeVar
 
 from .actor import Actor
@@ -10,13 +10,32 @@ from .address import check_class_name
 from .routing import Router
 
 Access = Literal["public", "internal"]
+#: Who may bring an actor of a class into being: ``"anyone"``; only other ``"actors"`` (an
+#: outside request for one with no storage yet is a 404); or, for outside requests, the names
+#: in a collection or accepted by a function.
+Create = Literal["anyone", "actors"] | Collection[str] | Callable[[str], bool]
 A = TypeVar("A", bound=type[Actor])
+
+
+def _creatable_from_outside(create: Create) -> Callable[[str], bool] | None:
+    """``create`` as a test of a name an outside request may create; None: any name."""
+    if create == "anyone":
+        return None
+    if create == "actors":
+        return lambda name: False
+    if isinstance(create, str):
+        raise ValueError(f"create must be 'anyone', 'actors', names or a function, not {create!r}")
+    if callable(create):
+        return create
+    if isinstance(create, Collection) and all(isinstance(n, str) for n in create):
+        return frozenset(create).__contains__
+    raise ValueError(f"create must be 'anyone', 'actors', names or a function, not {create!r}")
 
 
 class ActorClass:
     """One registered class: its name, Python class, access rule, allowed callers and options."""
 
-    __slots__ = ("access", "allow", "cls", "name", "options", "router")
+    __slots__ = ("access", "allow", "cls", "name", "options", "outside_creates", "router")
 
     def __init__(
         self,
@@ -25,6 +44,7 @@ class ActorClass:
         access: Access,
         allow: Iterable[str] | None,
         options: dict[str, Any],
+        create: Create = "anyone",
     ) -> None:
         if access not in ("public", "internal"):
             raise ValueError(f"access must be 'public' or 'internal', not {access!r}")
@@ -33,6 +53,8 @@ class ActorClass:
         self.access: Access = access
         self.allow = frozenset(check_class_name(c) for c in allow) if allow is not None else None
         self.options = options
+        #: Whether an outside request may create the actor of a name (None: any name may).
+        self.outside_creates = _creatable_from_outside(create)
         self.router = Router(cls)
 
     @property
@@ -47,12 +69,16 @@ class App:
         self.classes: dict[str, ActorClass] = {}
 
     def actor(
-        self, name: str, access: Access = "public", allow: Iterable[str] | None = None
+        self,
+        name: str,
+        access: Access = "public",
+        allow: Iterable[str] | None = None,
+        create: Create = "anyone",
     ) -> Callable[[A], A]:
         """Register the decorated ``ak.Actor`` subclass under ``name``."""
 
         def register(cls: A) -> A:
-            self.mount(cls, name, access=access, allow=allow)
+            self.mount(cls, name, access=access, allow=allow, create=create)
             return cls
 
         return register
@@ -63,15 +89,20 @@ class App:
         name: str,
         access: Access = "public",
         allow: Iterable[str] | None = None,
+        create: Create = "anyone",
         **options: Any,
     ) -> None:
         """Register a ready class (a KV shard, a queue, or any ``ak.Actor``) under ``name``.
 
         ``allow`` narrows the callers to actors of the listed classes (outside requests are then
-        refused too). ``options`` are available to instances as ``self.options``.
+        refused too). ``create`` says who may bring a new actor of the class into being:
+        ``"anyone"`` (the default); ``"actors"``, so that outside requests reach only actors
+        that already exist (404 for the rest, before anything is created); or the names (a
+        collection, or a function of the name) that outside requests may create. ``options``
+        are available to instances as ``self.options``.
         """
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"{cls!r} is not a subclass of actorkeep.Actor")
         if name in self.classes:
             raise ValueError(f"actor class {name!r} is already registered")
-        self.classes[name] = ActorClass(name, cls, access, allow, dict(options))
+        self.classes[name] = ActorClass(name, cls, access, allow, dict(options), create)

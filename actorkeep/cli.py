@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--max-inflight",
         type=int,
-        default=256 << 20,
-        help="bytes of outside requests in flight, bodies and what they decode to (256 MiB)",
+        default=64 << 20,
+        help="bytes of outside requests in flight, bodies and what they decode to (64 MiB)",
     )
     defaults = ServerLimits()
     p.add_argument(

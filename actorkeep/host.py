@@ -463,7 +463,7 @@ class Host:
         max_active: int = 10_000,
         max_pending: int = 1_000,
         max_body: int = 1 << 20,
-        max_inflight_bytes: int = 256 << 20,
+        max_inflight_bytes: int = 64 << 20,
         access: Mapping[str, str] | None = None,
         faults: FaultHooks | None = None,
         debug: bool = False,
@@ -620,6 +620,14 @@ class Host:
         if refused is not None:
             return refused
         address = f"{class_name}/{name}"
+        creates = spec.outside_creates
+        if creates is not None and request.caller is None and address not in self._activations:
+            try:
+                refuse = not creates(name) and not self.storage.exists(class_name, name)
+            except Exception as exc:  # a bug in the app's create function
+                return self._error_reply(exc, "create check failed", address, True)
+            if refuse:
+                return error_response(404, "NotFound", f"no actor {address}")
         router = spec.router
         rpc = router.rpc_for(request.method, request.path)
         decoded = 0

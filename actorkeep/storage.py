@@ -45,6 +45,9 @@ class StorageBackend(Protocol):
     def open_actor(self, class_name: str, name: str) -> Database:
         """Open (creating if needed) the database of a validated actor address."""
 
+    def exists(self, class_name: str, name: str) -> bool:
+        """Whether the actor has a database (without creating one)."""
+
     def open_host_db(self) -> Database:
         """Open the host's own database (the alarm index)."""
 
@@ -129,6 +132,9 @@ class FileStorage:
 
     def open_actor(self, class_name: str, name: str) -> Database:
         return self._open(actor_path(self._actors, class_name, name))
+
+    def exists(self, class_name: str, name: str) -> bool:
+        return actor_path(self._actors, class_name, name).exists()
 
     def open_host_db(self) -> Database:
         db = self._open(self.root / "host" / "host.sqlite")

@@ -159,6 +159,9 @@ class BulkStorage:
     def open_actor(self, class_name: str, name: str) -> _BulkDatabase:
         return _BulkDatabase(actor_path(self.root / "actors", class_name, name))
 
+    def exists(self, class_name: str, name: str) -> bool:
+        return actor_path(self.root / "actors", class_name, name).exists()
+
     def open_host_db(self) -> _BulkDatabase:
         return _BulkDatabase(self.root / "host" / "host.sqlite")
 

@@ -158,6 +158,10 @@ class SimStorageView:
     def open_actor(self, class_name: str, name: str) -> SimDatabase:
         return self._open(f"actors/{class_name}/{name}")
 
+    def exists(self, class_name: str, name: str) -> bool:
+        file = self.storage.files.get(f"actors/{class_name}/{name}")
+        return file is not None and (file.live is not None or file.committed is not None)
+
     def open_host_db(self) -> SimDatabase:
         return self._open(HOST_FILE)
 

@@ -115,3 +115,66 @@ def test_app_registration_errors() -> None:
         app.mount(object, "c")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         app.mount(Hello, "d", allow=["Not A Class"])
+
+
+# -- who may create actors --------------------------------------------------------------------
+
+
+def creation_app() -> ak.App:
+    app = ak.App()
+    app.mount(Hello, "existing", create="actors")
+    app.mount(Hello, "named", create=["main", "other"])
+    app.mount(Hello, "even", create=lambda name: name.isdigit() and int(name) % 2 == 0)
+    app.mount(Hello, "pub")
+    return app
+
+
+async def test_outside_requests_create_only_what_the_class_allows(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(creation_app(), data_dir) as host:
+        for path in ("/existing/x/_rpc/hi", "/named/x/_rpc/hi", "/even/3/_rpc/hi", "/even/a/"):
+            resp = await host.request("POST", path)
+            assert resp.status == 404, path
+            assert resp.json()["error"] == "NotFound"
+        assert (await host.request("POST", "/existing/x/_rpc/hi")).json() == {
+            "error": "NotFound",
+            "message": "no actor existing/x",
+        }
+        assert sqlite_files(data_dir) == []
+        assert host.host.active_count == 0
+        for path in ("/named/main/_rpc/hi", "/even/4/_rpc/hi", "/pub/anything/_rpc/hi"):
+            assert (await host.request("POST", path)).status == 200, path
+        # Another actor may create any of them; from then on outside requests reach it.
+        resp = await host.request("POST", "/pub/p/_rpc/ask", json={"target": "existing/x"})
+        assert resp.json() == ["ok", "hi from existing/x"]
+        assert (await host.request("POST", "/existing/x/_rpc/hi")).json() == "hi from existing/x"
+        await host.restart()  # existing on disk, not only in memory
+        assert host.host.active_count == 0
+        assert (await host.request("POST", "/existing/x/_rpc/hi")).status == 200
+        assert (await host.request("POST", "/existing/y/_rpc/hi")).status == 404
+        names = {p.stem for p in sqlite_files(data_dir)}
+        assert names == {"main", "4", "anything", "p", "x"}
+
+
+def test_create_must_be_a_rule_names_or_a_function() -> None:
+    app = ak.App()
+    for bad in ("nobody", 3, [1, 2]):
+        with pytest.raises(ValueError, match="create must be"):
+            app.mount(Hello, "bad", create=bad)  # type: ignore[arg-type]
+
+
+async def test_the_jobs_example_refuses_actors_outsiders_would_create(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from examples.jobs.app import app
+
+    async with open_host(app, data_dir) as host:
+        for path in ("/worker/w1/start", "/deliverer/d1/deliveries", "/api/other/stats"):
+            method = "POST" if path.endswith("start") else "GET"
+            assert (await host.request(method, path)).status == 404, path
+        assert sqlite_files(data_dir) == []
+        assert (await host.request("GET", "/api/main/stats")).status == 200
+        # api/main's setup starts worker/main: now it exists for outside requests too.
+        assert (await host.request("GET", "/worker/main/results")).json() == []
+        assert (await host.request("POST", "/worker/w2/start")).status == 404

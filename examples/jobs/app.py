@@ -35,7 +35,10 @@ WEBHOOKS = ak.queue.Config(consumer="deliverer/main", batch_size=10, max_attempt
 POLL_EVERY = 1.0  # seconds between the pull worker's leases when the queue is empty
 
 
-@app.actor("api")
+# Outside clients reach api/main only, and the deliverer and worker only once they exist (the
+# queue and api/main create them): a client cannot make the host create actors by the
+# thousand (docs/actors.md, "Who creates actors").
+@app.actor("api", create=["main"])
 class Api(ak.Actor):
     """The public front: settings, events, report jobs, queue stats."""
 
@@ -79,7 +82,7 @@ class Api(ak.Actor):
         return ak.Response.json(out)
 
 
-@app.actor("deliverer")
+@app.actor("deliverer", create="actors")
 class Deliverer(ak.Actor):
     """The push consumer of ``queue/webhooks``. Deliveries from outside are refused (403)."""
 
@@ -117,7 +120,7 @@ class Deliverer(ak.Actor):
         )
 
 
-@app.actor("worker")
+@app.actor("worker", create="actors")
 class Worker(ak.Actor):
     """A pull worker: its alarm leases report jobs, counts their words and acks them."""
 
