@@ -64,3 +64,25 @@ async def test_jobs(data_dir: Path, autojump_clock: trio.testing.MockClock) -> N
         await trio.sleep(5)
         results = (await host.request("GET", "/worker/main/results")).json()
         assert results == [{"job": 1, "words": 3}, {"job": 2, "words": 2}]
+
+
+async def test_jobs_answers_client_mistakes_with_400(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(jobs_app, data_dir, debug=False) as host:
+        long_name = "n" * 2100  # the KV key "settings/<name>" is over 2 KiB
+        cases = [
+            ("PUT", f"/api/main/settings/{long_name}", b"v", "limit is 2048"),
+            ("GET", f"/api/main/settings/{long_name}", b"", "limit is 2048"),
+            ("PUT", "/api/main/settings/endpoint", b"\xff\xfe", "UTF-8"),
+            ("POST", "/api/main/events", b"{not json", "Expecting"),
+            ("POST", "/api/main/events", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+            # Valid JSON under 1 MiB that is over 1 MiB once encoded for the queue.
+            ("POST", "/api/main/events", '["{}"]'.format("é" * 250_000).encode(), "1048576"),
+        ]
+        for method, path, body, message in cases:
+            resp = await host.request(method, path, body=body)
+            assert resp.status == 400, (path[:40], resp.json())
+            assert message in resp.json()["message"], resp.json()
+        resp = await host.request("PUT", "/api/main/settings/endpoint", body=b"https://e.test/h")
+        assert resp.json() == {"name": "endpoint", "version": 1}

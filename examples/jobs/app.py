@@ -46,30 +46,46 @@ class Api(ak.Actor):
         await webhooks.configure(WEBHOOKS)  # stored durably in the queue; idempotent
         await self.actors.call("worker/main", "POST", "/start")
 
+    # A client's mistake is a 400 with a message, never a failed event: a failed event would
+    # also discard this actor's instance and run setup() again.
     @ak.route("PUT", "/settings/{name}")
     async def put_setting(self, req: ak.Request, name: str) -> ak.Response:
-        version = await settings.put(f"settings/{name}", req.body)
+        try:
+            req.body.decode("utf-8")
+        except UnicodeDecodeError:
+            return bad_request("a setting's value is UTF-8 text")
+        try:
+            version = await settings.put(f"settings/{name}", req.body)
+        except ValueError as exc:  # a key or value over the KV's limits
+            return bad_request(str(exc))
         return ak.Response.json({"name": name, "version": version})
 
     @ak.route("GET", "/settings/{name}")
     async def get_setting(self, req: ak.Request, name: str) -> ak.Response:
-        entry = await settings.get_fresh(f"settings/{name}")
+        try:
+            entry = await settings.get_fresh(f"settings/{name}")
+        except ValueError as exc:
+            return bad_request(str(exc))
         if entry is None:
             return ak.Response.json({"error": "NotFound", "message": name}, status=404)
-        return ak.Response.json({"value": entry.value.decode(), "version": entry.version})
+        value = entry.value.decode("utf-8", "replace")
+        return ak.Response.json({"value": value, "version": entry.version})
 
     @ak.route("POST", "/events")
     async def event(self, req: ak.Request) -> ak.Response:
         try:
-            event = req.json()
-        except ValueError:
-            return ak.Response.json({"error": "BadRequest", "message": "want JSON"}, status=400)
-        job_id = await webhooks.send(json.dumps(event).encode())  # durable when it returns
+            body = json.dumps(req.json(), separators=(",", ":")).encode()
+            job_id = await webhooks.send(body)  # durable when it returns
+        except ValueError as exc:  # not JSON, or too large for one message
+            return bad_request(str(exc))
         return ak.Response.json({"job": job_id}, status=202)
 
     @ak.route("POST", "/reports")
     async def report(self, req: ak.Request) -> ak.Response:
-        job_id = await reports.send(req.body)
+        try:
+            job_id = await reports.send(req.body)
+        except ValueError as exc:
+            return bad_request(str(exc))
         return ak.Response.json({"job": job_id}, status=202)
 
     @ak.route("GET", "/stats")
@@ -80,6 +96,10 @@ class Api(ak.Actor):
             out[name] = {"ready": st.ready, "delayed": st.delayed, "leased": st.leased,
                          "dead": st.dead}  # fmt: skip
         return ak.Response.json(out)
+
+
+def bad_request(message: str) -> ak.Response:
+    return ak.Response.json({"error": "BadRequest", "message": message}, status=400)
 
 
 @app.actor("deliverer", create="actors")
