@@ -14,8 +14,10 @@ from .errors import (
     Forbidden,
     HostClosed,
     Overloaded,
+    Quarantined,
     ReentryError,
     RemoteError,
+    StorageDamaged,
 )
 from .host import Host, current_actor
 from .http import Headers, Request, Response
@@ -35,10 +37,12 @@ __all__ = [
     "Host",
     "HostClosed",
     "Overloaded",
+    "Quarantined",
     "ReentryError",
     "RemoteError",
     "Request",
     "Response",
+    "StorageDamaged",
     "codec",
     "current_actor",
     "kv",

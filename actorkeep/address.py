@@ -51,6 +51,22 @@ def _file_stem(name: str) -> str:
     return stem
 
 
+_ESCAPE = re.compile(r"%([0-9A-F]{2})")
+
+
+def name_from_stem(stem: str) -> str | None:
+    """The actor name a file stem was made from; None for a long name kept as its digest
+    (its database holds the name, see ``storage.ACTOR_TABLE``) or a stem no name makes."""
+    if stem.endswith("~h"):
+        return None
+    name = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), stem)
+    try:
+        check_actor_name(name)
+    except ValueError:
+        return None
+    return name if _file_stem(name) == stem else None
+
+
 def actor_path(root: Path, class_name: str, name: str) -> Path:
     """The SQLite file of an actor under ``root``.
 

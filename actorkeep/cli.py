@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import importlib
 import logging
@@ -17,8 +18,11 @@ from typing import Any
 import structlog
 import trio
 
+from .address import actor_path, split_address
 from .app import App
 from .host import Host
+from .hostdb import HostDb
+from .registry import Registry
 from .server import ServerLimits, serve_http
 from .storage import DataDirInUse, FileStorage
 
@@ -158,6 +162,47 @@ async def serve(
     log.info("stopped")
 
 
+def quarantine(data: Path, release: str | None) -> int:
+    """``actorkeep quarantine``: print the quarantined actors, or release one."""
+    if not (data / "host" / "host.sqlite").exists():
+        print(f"actorkeep: no host database in {str(data)!r}", file=sys.stderr)
+        return 1
+    storage = FileStorage(data)
+    try:
+        host_db = HostDb(storage.open_host_db())
+    except DataDirInUse as exc:
+        print(f"actorkeep: {exc}; stop it first", file=sys.stderr)
+        return 1
+    try:
+        registry = Registry(host_db)
+        if release is None:
+            for address, (reason, since) in sorted(registry.quarantined().items()):
+                when = datetime.datetime.fromtimestamp(since, datetime.UTC).isoformat()
+                print(f"{address}\t{when}\t{reason}")
+            return 0
+        try:
+            class_name, name = split_address(release)
+        except ValueError as exc:
+            print(f"actorkeep: {exc}", file=sys.stderr)
+            return 1
+        if not registry.release(release):
+            print(f"actorkeep: {release} is not quarantined", file=sys.stderr)
+            return 1
+        path = actor_path(data / "actors", class_name, name)
+        gone = not path.exists() or path.stat().st_size == 0
+        if gone:
+            registry.forget(release)
+        trio.run(host_db.sync)
+        if gone:
+            print(f"released {release}; its database is gone, so its next event starts it afresh")
+        else:
+            print(f"released {release}; its next event opens and checks its database again")
+        return 0
+    finally:
+        host_db.close()
+        storage.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="actorkeep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,7 +253,21 @@ def main(argv: list[str] | None = None) -> None:
         help="show outside clients the exception of a failed event (never in production)",
     )
     p.add_argument("--log-format", choices=["console", "json"], default="console")
+    q = sub.add_parser(
+        "quarantine",
+        help="list the actors quarantined for damaged storage, or release one",
+        description="Works on a data directory no host is serving.",
+    )
+    q.add_argument("--data", default="./data", help="data directory (default ./data)")
+    q.add_argument(
+        "--release",
+        metavar="ADDRESS",
+        help="take ADDRESS out of quarantine; if its database is missing or empty, forget it "
+        "too, so that its next event creates it afresh",
+    )
     args = parser.parse_args(argv)
+    if args.command == "quarantine":
+        raise SystemExit(quarantine(Path(args.data).resolve(), args.release))
     configure_logging(args.log_format)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")

@@ -43,6 +43,25 @@ class ReentryError(RemoteError):
         super().__init__(508, "ReentryError", message)
 
 
+class Quarantined(RemoteError):
+    """503: the callee's storage is damaged; it takes no events until an operator releases
+    it (docs/reliability.md, "Damaged storage")."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, "Quarantined", message)
+
+
+class StorageDamaged(ActorkeepError):
+    """An actor's (or the host's) database is damaged: missing or emptied after it existed,
+    its write-ahead log gone with commits in it, a failed integrity check, or data that fails
+    its own checksum. Raise it from an event to have the host quarantine the actor."""
+
+    def __init__(self, reason: str, where: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.where = where
+
+
 class CallTimeout(ActorkeepError):
     """The callee did not answer in time. Its event may still run and its effects may apply."""
 
@@ -58,7 +77,7 @@ def error_for_status(status: int, error: str, message: str) -> RemoteError:
     if status == 403:
         return Forbidden(message, error)
     if status == 503:
-        return Overloaded(message)
+        return Quarantined(message) if error == "Quarantined" else Overloaded(message)
     if status == 508:
         return ReentryError(message)
     return RemoteError(status, error, message)

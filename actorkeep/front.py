@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import structlog
 
 from .address import check_actor_name
-from .errors import HostClosed, Overloaded
+from .errors import HostClosed, Overloaded, Quarantined
 from .host import RESERVED_HEADER_PREFIX, Host, parse_query
 from .http import Headers, Request, Response, error_response
 
@@ -47,6 +47,8 @@ class Front:
             )
         except HostClosed as exc:
             return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})
+        except Quarantined as exc:
+            return error_response(503, "Quarantined", exc.message)
 
     async def request(
         self,

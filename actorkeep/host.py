@@ -28,11 +28,11 @@ from .actor import Actor, AlarmInfo
 from .address import check_actor_name, split_address
 from .alarms import (
     ACTOR_TABLE,
-    FIRST_RETRY_DELAY,
     MAX_RETRIES,
     AlarmIndex,
     AlarmState,
     retry_delay,
+    storage_retry_delay,
 )
 from .app import ActorClass, App
 from .budget import ByteBudget
@@ -44,13 +44,18 @@ from .errors import (
     Forbidden,
     HostClosed,
     Overloaded,
+    Quarantined,
     ReentryError,
     RemoteError,
+    StorageDamaged,
 )
 from .faults import FaultHooks
+from .hostdb import HostDb, open_host_db
 from .http import Headers, Request, Response, error_response
+from .rebuild import rebuild
+from .registry import Registry
 from .sql import Sql
-from .storage import Database, StorageBackend
+from .storage import IDENTITY_TABLE, Database, StorageBackend, is_damage
 
 if TYPE_CHECKING:
     import sqlalchemy
@@ -259,27 +264,48 @@ class Activation:
 
     # -- database -------------------------------------------------------------------------
     def open_db(self) -> Database:
-        db = self.host.storage.open_actor(self.class_name, self.name)
+        """Open the actor's database: ``StorageDamaged`` (or a damage error of SQLite's) if it
+        is not what the host knows of it (see registry.py)."""
+        host = self.host
+        registered = host.registry.has(self.address)
+        db = host.storage.open_actor(self.class_name, self.name, existing=registered)
+        try:
+            conn = db.conn
+            if not registered:
+                # The database names its actor, so the host database can be rebuilt from it.
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {IDENTITY_TABLE} (id INTEGER PRIMARY KEY "
+                    "CHECK (id = 0), address TEXT NOT NULL, created_at REAL NOT NULL)"
+                )
+                conn.execute(
+                    f"INSERT OR IGNORE INTO {IDENTITY_TABLE} VALUES (0, ?, ?)",
+                    (self.address, host.clock.now()),
+                )
+            has_alarm_table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (ACTOR_TABLE,)
+            ).fetchone()
+            row = None
+            if has_alarm_table:
+                row = conn.execute(
+                    f"SELECT at, scheduled_at, retry_count FROM {ACTOR_TABLE} WHERE id = 0"
+                ).fetchone()
+        except BaseException:
+            db.close()
+            raise
         self.db = db
         self.sql = Sql(db)
-        conn = db.conn
-        has_alarm_table = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (ACTOR_TABLE,)
-        ).fetchone()
-        if has_alarm_table:
-            row = conn.execute(
-                f"SELECT at, scheduled_at, retry_count FROM {ACTOR_TABLE} WHERE id = 0"
-            ).fetchone()
-            if row is not None:
-                self.alarm = AlarmState(*row)
-                index = self.host.alarm_index
-                entry = index.get(self.address)
-                # Heal an index write lost to a crash, but only ever move the entry earlier: the
-                # row may be committed and not durable. An early entry wakes the actor, and
-                # _run_alarm moves it later once the row is durable.
-                if entry is None or entry > self.alarm.at:
-                    index.put(self.address, self.alarm.at)
-                    self.host.poke_alarms(self.alarm.at)
+        if row is not None:
+            self.alarm = AlarmState(*row)
+            index = host.alarm_index
+            entry = index.get(self.address)
+            # Heal an index write lost to a crash, but only ever move the entry earlier: the
+            # row may be committed and not durable. An early entry wakes the actor, and
+            # _run_alarm moves it later once the row is durable.
+            if entry is None or entry > self.alarm.at:
+                index.put(self.address, self.alarm.at)
+                host.poke_alarms(self.alarm.at)
+        if not registered:
+            host._register_soon(self.address, db)
         return db
 
     @property
@@ -496,7 +522,12 @@ class Host:
         self._activations: OrderedDict[str, Activation] = OrderedDict()
         self._nursery: trio.Nursery | None = None
         self._closing = False
+        self._host_db: HostDb | None = None
         self._alarm_index: AlarmIndex | None = None
+        self._registry: Registry | None = None
+        self._quarantined: dict[str, str] = {}  # address -> why
+        self._registering: set[str] = set()
+        self._alarm_failures: dict[str, int] = {}  # address -> failures in a row, no handler
         self._alarm_scope: trio.CancelScope | None = None
         self._poked = math.inf  # the earliest alarm time poked since the scheduler's last scan
         self._alarms_running: set[str] = set()
@@ -520,12 +551,43 @@ class Host:
             raise HostClosed("the host is not open")
         return self._alarm_index
 
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            raise HostClosed("the host is not open")
+        return self._registry
+
+    @property
+    def quarantined(self) -> dict[str, str]:
+        """``address -> reason`` of the actors that take no events (their storage is damaged)."""
+        return dict(self._quarantined)
+
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[Host]:
         """Open the host: start its alarm scheduler and evictor; close everything on exit."""
         if self._nursery is not None or self._closing:
             raise RuntimeError("a Host can be opened once; make a new one to restart")
-        self._alarm_index = AlarmIndex(self.storage.open_host_db())
+        host_db, set_aside = open_host_db(self.storage)
+        self._host_db = host_db
+        try:
+            self._alarm_index = AlarmIndex(host_db)
+            self._registry = Registry(host_db)
+            if set_aside is not None or (host_db.fresh and self.storage.has_actors()):
+                if set_aside is None:
+                    log.warning(
+                        "the host database is new but actors exist: rebuilding it from them",
+                        file=host_db.where,
+                    )
+                rebuild(self.storage, host_db, self._alarm_index, self._registry, self.clock.now())
+            elif self._registry.new and not host_db.fresh:
+                log.info("registering the actors of a host database from before the registry")
+                rebuild(self.storage, host_db, self._alarm_index, self._registry, self.clock.now())
+            await host_db.sync()
+            self._quarantined = {a: why for a, (why, _) in self._registry.quarantined().items()}
+        except BaseException:
+            host_db.close()
+            self.storage.close()
+            raise
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -541,7 +603,7 @@ class Host:
             self._closing = True
             for act in list(self._activations.values()):
                 self._retire(act)
-            self._alarm_index.close()
+            host_db.close()
             self.storage.close()
 
     @property
@@ -769,18 +831,19 @@ class Host:
                 result = await ev.fn(inst, **ev.args)
             else:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
-            resp = self._response(act, ev, result)
+            reply: outcome.Outcome[Response] = outcome.Value(self._response(act, ev, result))
         except Exception as exc:
-            resp = self._failed(act, exc, _from_outside(ev))
+            reply = self._event_failed(act, ev, exc)
         finally:
             _current_actor.reset(token)
             act.current = None
             act.last_used = now = trio.current_time()
-            self._activations.move_to_end(act.address)
-            self._note_idle(now + self.idle_timeout)
-            if self.faults is not None and self.faults.buggify("host.evict-after-event"):
-                self._evict(act)
-        return resp
+            if not act.closed:  # quarantined by its failure
+                self._activations.move_to_end(act.address)
+                self._note_idle(now + self.idle_timeout)
+                if self.faults is not None and self.faults.buggify("host.evict-after-event"):
+                    self._evict(act)
+        return reply.unwrap()
 
     # -- activations and the worker -------------------------------------------------------
     def _activation(self, address: str, spec: ActorClass, name: str) -> Activation:
@@ -790,6 +853,8 @@ class Host:
         if act is not None:
             self._activations.move_to_end(address)
             return act
+        if address in self._quarantined:
+            raise Quarantined(_quarantine_message(address))
         check_actor_name(name)  # the one place a file can come into being: never trust callers
         act = Activation(self, spec, address, name)
         self._activations[address] = act
@@ -894,7 +959,17 @@ class Host:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
             return outcome.Value(self._response(act, ev, result))
         except Exception as exc:
-            return outcome.Value(self._failed(act, exc, _from_outside(ev)))
+            return self._event_failed(act, ev, exc)
+
+    def _event_failed(
+        self, act: Activation, ev: Event, exc: Exception
+    ) -> outcome.Outcome[Response]:
+        """The reply of an event that raised: a 500, or ``Quarantined`` if its storage is
+        damaged (raised to the caller, as for every later event of the actor)."""
+        resp = self._failed(act, exc, _from_outside(ev))
+        if is_damage(exc):
+            return outcome.Error(Quarantined(_quarantine_message(act.address)))
+        return outcome.Value(resp)
 
     @staticmethod
     def _response(act: Activation, ev: Event, result: Any) -> Response:
@@ -916,13 +991,73 @@ class Host:
         return result
 
     def _failed(self, act: Activation, exc: Exception, outside: bool = False) -> Response:
-        """A failed event: roll back, discard the instance, log, answer 500."""
+        """A failed event: roll back, discard the instance, log, answer 500; or, if the
+        failure says the actor's storage is damaged, quarantine it and answer 503."""
         try:
             act.rollback()
         except Exception:
             log.exception("rollback failed", address=act.address, file=act.where)
         act.discard_instance()
+        if is_damage(exc):
+            return self._quarantine(act, exc)
         return self._error_reply(exc, "event failed", act.address, outside, act.where)
+
+    # -- damaged storage ------------------------------------------------------------------
+    def _quarantine(self, act: Activation, exc: Exception) -> Response:
+        """Take a damaged actor out of service: it is closed, what waits for it is refused,
+        and it takes no event (its alarm does not fire) until an operator releases it."""
+        address = act.address
+        reason = exc.reason if isinstance(exc, StorageDamaged) else f"SQLite says: {exc}"
+        where = getattr(exc, "where", None) or act.where
+        log.error(
+            "actor quarantined: its storage is damaged",
+            address=address,
+            reason=reason,
+            error_id=self.error_id(),
+            **({"file": where} if where is not None else {}),
+        )
+        self._quarantined[address] = reason
+        try:
+            self.registry.quarantine(address, reason, self.clock.now())
+            self._sync_host_db_soon()
+        except Exception:
+            log.exception("could not record the quarantine", address=address)
+        if self._activations.get(address) is act:
+            self._evict(act)
+        act.closed = True
+        refused = outcome.Error(Quarantined(_quarantine_message(address)))
+        while act.queue:
+            self._reply(act.queue.popleft(), refused)
+        return error_response(503, "Quarantined", _quarantine_message(address))
+
+    def _sync_host_db_soon(self) -> None:
+        """Make the host database's plain writes durable in the background."""
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(self._sync_host_db)
+
+    async def _sync_host_db(self) -> None:
+        assert self._host_db is not None
+        try:
+            await self._host_db.sync()
+        except Exception as exc:
+            log.error("host database sync failed", file=self._host_db.where, error=repr(exc))
+
+    def _register_soon(self, address: str, db: Database) -> None:
+        """Register a newly opened actor once its database is durable (registry.py)."""
+        if address in self._registering or self._nursery is None or self._closing:
+            return
+        self._registering.add(address)
+        self._nursery.start_soon(self._register, address, db)
+
+    async def _register(self, address: str, db: Database) -> None:
+        try:
+            await db.sync()  # the file and its directory entries survive power loss now
+            self.registry.add(address, self.clock.now())
+            await self._sync_host_db()
+        except Exception as exc:  # evicted before its sync: it is registered when next opened
+            log.debug("actor not registered yet", address=address, error=repr(exc))
+        finally:
+            self._registering.discard(address)
 
     def _error_reply(
         self, exc: Exception, what: str, address: str, outside: bool, where: str | None = None
@@ -1030,8 +1165,8 @@ class Host:
         return self.clock.now()
 
     def _fire(self, address: str, early: bool = False) -> None:
-        if address in self._alarms_running:
-            return
+        if address in self._alarms_running or address in self._quarantined:
+            return  # a quarantined actor's alarm stays in the index until it is released
         try:
             class_name, name = split_address(address)
         except ValueError:
@@ -1058,7 +1193,8 @@ class Host:
 
     async def _run_alarm(self, act: Activation) -> None:
         """One alarm event. Nothing but cancellation escapes it: when storage fails, the alarm
-        stays due and the event is tried again ``FIRST_RETRY_DELAY`` seconds later."""
+        stays due and the event is tried again 2 s later, doubling up to 5 minutes, with one
+        log line each time; damaged storage quarantines the actor instead."""
         address = act.address
         try:
             if self.buggify("host.alarm-event-fails"):
@@ -1084,10 +1220,13 @@ class Host:
             else:
                 cleared = await self._fire_alarm(act, state)
         except Exception as exc:
-            self._failed(act, exc)
-            assert self._nursery is not None
-            self._nursery.start_soon(self._alarm_cooldown, address)
+            if is_damage(exc):
+                self._failed(act, exc)  # quarantined: its alarm waits in the index
+                self._alarms_running.discard(address)
+                return
+            self._alarm_storage_failed(act, exc)
             return
+        self._alarm_failures.pop(address, None)
         if cleared:
             # Registered now, before the actor's next event can set the alarm again.
             token = self._clearing[address] = object()
@@ -1112,6 +1251,8 @@ class Host:
                 )
         except Exception as exc:
             self._failed(act, exc)  # rolls back
+            if act.address in self._quarantined:
+                return False  # its storage is damaged: the alarm stays as it was
             return await self._retry_alarm(act, state)
         if not act.alarm_touched:
             act.clear_alarm()
@@ -1139,8 +1280,31 @@ class Host:
             self._alarms_running.discard(address)
         self.poke_alarms(self.clock.now())  # an alarm set meanwhile may be due
 
-    async def _alarm_cooldown(self, address: str) -> None:
-        await trio.sleep(FIRST_RETRY_DELAY)
+    def _alarm_storage_failed(self, act: Activation, exc: Exception) -> None:
+        """The alarm event failed outside its handler (storage): roll back, and try again
+        later, backing off; one log line per try, the traceback with the first."""
+        address = act.address
+        failures = self._alarm_failures.get(address, 0) + 1
+        self._alarm_failures[address] = failures
+        delay = storage_retry_delay(failures)
+        # The storage that failed may fail the rollback too; the next try starts afresh.
+        with contextlib.suppress(Exception):
+            act.rollback()
+        act.discard_instance()
+        log.error(
+            "alarm event failed before its handler ran; trying again later",
+            address=address,
+            error=repr(exc),
+            failures=failures,
+            retry_in=delay,
+            **({"file": act.where} if act.where is not None else {}),
+            exc_info=exc if failures == 1 else None,
+        )
+        assert self._nursery is not None
+        self._nursery.start_soon(self._alarm_cooldown, address, delay)
+
+    async def _alarm_cooldown(self, address: str, delay: float) -> None:
+        await trio.sleep(delay)
         self._alarms_running.discard(address)
         self.poke_alarms(self.clock.now())
 
@@ -1159,6 +1323,13 @@ class Host:
             retries=state.retry_count,
         )
         return True
+
+
+def _quarantine_message(address: str) -> str:
+    return (
+        f"actor {address} is quarantined: its storage is damaged; it takes no events until "
+        "an operator releases it (the host's log says what is wrong)"
+    )
 
 
 def _from_outside(ev: Event) -> bool:

@@ -256,7 +256,7 @@ class HttpServer:
             )
             if not await self._send_response(h, stream, request.method, resp, close):
                 return
-            if close or h.our_state is h11.MUST_CLOSE:
+            if close or h.our_state is h11.MUST_CLOSE or self.draining:
                 return
             h.start_next_cycle()
             self._waiting[conn] = None

@@ -5,22 +5,37 @@ every write committed so far survive power loss. The file backend commits with
 ``synchronous=NORMAL`` in WAL mode (a commit survives a process crash) and ``sync()`` fsyncs the
 WAL off the event loop, so durable writes of many actors overlap. The simulator supplies a
 backend that keeps SQLite in memory and runs everything on the trio thread.
+
+Damage is reported as ``StorageDamaged`` (docs/reliability.md, "Damaged storage"): an actor the
+host knows existed whose file is gone or empty, whose write-ahead log is gone while commits in
+it were never copied into the database, or whose file fails SQLite's ``quick_check``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from .address import actor_path
+from .address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
+from .errors import StorageDamaged
 
 # Memory bound per open actor; pages are only allocated as used (SQLite's default is 2 MiB).
 CACHE_KIB = 512
+#: The table in each actor's database that names it (written when the actor is first opened).
+IDENTITY_TABLE = "actorkeep_actor"
+#: Files up to this size are checked with ``PRAGMA quick_check`` when opened (about 1 ms per
+#: MiB on the event loop); larger ones only by SQLite's own checks as pages are read.
+QUICK_CHECK_MAX_BYTES = 4 << 20
+#: SQLite's primary result codes that mean a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGE_CODES = frozenset({11, 26})
 
 
 class Database(Protocol):
@@ -42,14 +57,26 @@ class Database(Protocol):
 class StorageBackend(Protocol):
     """Where databases live. Injected into the host."""
 
-    def open_actor(self, class_name: str, name: str) -> Database:
-        """Open (creating if needed) the database of a validated actor address."""
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> Database:
+        """Open (creating if needed) the database of a validated actor address.
+
+        ``existing``: the host knows the actor existed; a database that is gone, empty or
+        has lost committed writes raises ``StorageDamaged`` instead of starting afresh."""
 
     def exists(self, class_name: str, name: str) -> bool:
         """Whether the actor has a database (without creating one)."""
 
+    def actors(self) -> Iterator[tuple[str, str]]:
+        """``(class_name, name)`` of every actor database, in no particular order."""
+
+    def has_actors(self) -> bool:
+        """Whether any actor database may exist (cheap: no full listing)."""
+
     def open_host_db(self) -> Database:
-        """Open the host's own database (the alarm index)."""
+        """Open the host's own database (the alarm index and the actor registry)."""
+
+    def set_aside_host_db(self) -> str:
+        """Move a damaged host database out of the way (closed); where it went."""
 
     def close(self) -> None:
         """Release whatever the backend holds."""
@@ -61,6 +88,40 @@ def configure_connection(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     conn.execute("PRAGMA foreign_keys=ON")
+    # Extra sanity checks of each b-tree cell as it is read: damage is reported, not served.
+    conn.execute("PRAGMA cell_size_check=ON")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` says a database is damaged (rather than busy, full or missing)."""
+    if isinstance(exc, StorageDamaged):
+        return True
+    if isinstance(exc, sqlite3.DatabaseError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in _DAMAGE_CODES
+    return False
+
+
+def check_database(conn: sqlite3.Connection) -> str | None:
+    """``PRAGMA quick_check``: None if the database is sound, else the first problem."""
+    try:
+        rows = conn.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    problem = rows[0][0] if rows else "no answer to quick_check"
+    return None if problem == "ok" else str(problem)
+
+
+def read_address(conn: sqlite3.Connection) -> tuple[str, float] | None:
+    """The address and creation time an actor's database records about itself, if any (the
+    host writes them when it first opens the actor)."""
+    try:
+        row = conn.execute(
+            f"SELECT address, created_at FROM {IDENTITY_TABLE} WHERE id = 0"
+        ).fetchone()
+    except sqlite3.OperationalError:  # no such table: a database from before it existed
+        return None
+    return (str(row[0]), float(row[1])) if row else None
 
 
 class FileDatabase:
@@ -113,6 +174,25 @@ def _fsync_path(path: Path, data_only: bool = False) -> None:
         os.close(fd)
 
 
+def lost_wal_frames(path: Path) -> int:
+    """How many WAL frames of ``path`` were never copied into it and are gone with a deleted
+    ``-wal`` file: 0 unless the ``-wal`` is missing while the ``-shm`` index says it held
+    frames past the last checkpoint (SQLite would open the file without them, silently)."""
+    if Path(f"{path}-wal").exists():
+        return 0
+    try:
+        with open(f"{path}-shm", "rb") as shm:
+            header = shm.read(100)
+    except FileNotFoundError:
+        return 0
+    if len(header) < 100 or header[12] != 1:  # isInit of the wal-index header
+        return 0
+    # The wal-index is shared memory: its integers are in the machine's own byte order.
+    (max_frame,) = struct.unpack_from("=I", header, 16)  # mxFrame
+    (backfilled,) = struct.unpack_from("=I", header, 96)  # nBackfill of the checkpoint info
+    return max(0, int(max_frame) - int(backfilled))
+
+
 class DataDirInUse(OSError):
     """Another host holds the data directory."""
 
@@ -127,23 +207,91 @@ class FileStorage:
     def __init__(self, root: str | os.PathLike[str], in_thread: bool = True) -> None:
         self.root = Path(root).resolve()
         self._actors = self.root / "actors"
+        self._host_db = self.root / "host" / "host.sqlite"
         self._in_thread = in_thread
         self._lock_fd: int | None = None
 
-    def open_actor(self, class_name: str, name: str) -> Database:
-        return self._open(actor_path(self._actors, class_name, name))
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> FileDatabase:
+        path = actor_path(self._actors, class_name, name)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            if existing:
+                raise StorageDamaged("its database file is missing", str(path)) from None
+            return self._open(path)
+        if size == 0 and existing:
+            raise StorageDamaged("its database file is empty", str(path))
+        lost = lost_wal_frames(path) if existing else 0
+        if lost:
+            raise StorageDamaged(
+                f"its write-ahead log (-wal) is missing with {lost} frames that were never "
+                "copied into the database: opening it would lose those commits",
+                str(path),
+            )
+        db = self._open(path)
+        if 0 < size <= QUICK_CHECK_MAX_BYTES:
+            problem = check_database(db.conn)
+            if problem is not None:
+                db.close()
+                raise StorageDamaged(f"it fails SQLite's quick_check: {problem}", str(path))
+        return db
 
     def exists(self, class_name: str, name: str) -> bool:
         return actor_path(self._actors, class_name, name).exists()
 
-    def open_host_db(self) -> Database:
-        db = self._open(self.root / "host" / "host.sqlite")
+    def actors(self) -> Iterator[tuple[str, str]]:
+        for class_dir in _subdirs(self._actors):
+            if CLASS_NAME_RE.fullmatch(class_dir.name) is None:
+                continue
+            for outer in _subdirs(class_dir):
+                for inner in _subdirs(outer):
+                    with os.scandir(inner) as entries:
+                        for entry in entries:
+                            if entry.name.endswith(".sqlite") and entry.is_file():
+                                name = self._name_of(Path(entry.path))
+                                if name is not None:
+                                    yield class_dir.name, name
+
+    @staticmethod
+    def _name_of(path: Path) -> str | None:
+        name = name_from_stem(path.name[: -len(".sqlite")])
+        if name is not None:
+            return name
+        # A long name is kept as its digest; the database records the name itself.
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                found = read_address(conn)
+            finally:
+                conn.close()
+            if found is not None:
+                name = found[0].partition("/")[2]
+                with contextlib.suppress(ValueError):
+                    return check_actor_name(name)
+        return None
+
+    def has_actors(self) -> bool:
         try:
-            self._lock()
-        except BaseException:
-            db.close()
-            raise
-        return db
+            with os.scandir(self._actors) as entries:
+                return any(True for _ in entries)
+        except FileNotFoundError:
+            return False
+
+    def open_host_db(self) -> FileDatabase:
+        self._host_db.parent.mkdir(parents=True, exist_ok=True)
+        self._lock()  # before the file is touched: it may be set aside and rebuilt
+        return self._open(self._host_db)
+
+    def set_aside_host_db(self) -> str:
+        n = 1
+        while Path(f"{self._host_db}.damaged-{n}").exists():
+            n += 1
+        target = f"{self._host_db}.damaged-{n}"
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self._host_db}{suffix}", f"{target}{suffix}")
+        _fsync_path(self._host_db.parent)
+        return target
 
     def _lock(self) -> None:
         if self._lock_fd is not None:
@@ -172,3 +320,12 @@ class FileStorage:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
+
+
+def _subdirs(path: Path) -> Iterator[Path]:
+    try:
+        with os.scandir(path) as entries:
+            dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return
+    yield from dirs

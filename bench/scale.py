@@ -156,14 +156,23 @@ class BulkStorage:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def open_actor(self, class_name: str, name: str) -> _BulkDatabase:
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> _BulkDatabase:
         return _BulkDatabase(actor_path(self.root / "actors", class_name, name))
 
     def exists(self, class_name: str, name: str) -> bool:
         return actor_path(self.root / "actors", class_name, name).exists()
 
+    def actors(self) -> Iterator[tuple[str, str]]:
+        return ak.FileStorage(self.root).actors()
+
+    def has_actors(self) -> bool:
+        return ak.FileStorage(self.root).has_actors()
+
     def open_host_db(self) -> _BulkDatabase:
         return _BulkDatabase(self.root / "host" / "host.sqlite")
+
+    def set_aside_host_db(self) -> str:
+        raise RuntimeError("the bulk loader never finds a damaged host database")
 
     def close(self) -> None:
         pass

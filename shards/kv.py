@@ -8,6 +8,8 @@ and the write made with nothing in between. See docs/kv.md and docs/decisions/00
 from __future__ import annotations
 
 import math
+import struct
+import zlib
 from typing import Any, ClassVar
 
 import actorkeep as ak
@@ -49,6 +51,26 @@ def _refuse_unknown(address: str, req: ak.Request, op: str) -> ak.Response:
     return error_response(400, "BadRequest", f"unknown kv operation {op!r}")
 
 
+_ROW_NUMBERS = struct.Struct("<qq")
+_INSERT = (
+    "INSERT OR REPLACE INTO actorkeep_kv (key, value, version, expires_at, sum) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+
+
+def row_sum(key: bytes, value: bytes, version: int, expires_at: int | None) -> int:
+    """The CRC-32 a row is stored with: SQLite checks its pages' structure, not their bytes,
+    so a value overwritten on disk would otherwise be served as if it had been written."""
+    numbers = _ROW_NUMBERS.pack(version, -1 if expires_at is None else expires_at)
+    return zlib.crc32(numbers, zlib.crc32(value, zlib.crc32(key)))
+
+
+def _checked(key: bytes, value: bytes, version: int, expires_at: int | None, stored: Any) -> None:
+    # Rows written before the sum existed have none (NULL): nothing to check them against.
+    if stored is not None and stored != row_sum(key, value, version, expires_at):
+        raise ak.StorageDamaged(f"the KV row of key {key[:64]!r} fails its checksum")
+
+
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key that starts with ``prefix`` (None: no bound)."""
     stripped = prefix.rstrip(b"\xff")
@@ -66,8 +88,11 @@ class KVShard(ak.Actor):
         sql = self.sql
         sql.exec(
             "CREATE TABLE IF NOT EXISTS actorkeep_kv (key BLOB PRIMARY KEY, value BLOB NOT NULL, "
-            "version INTEGER NOT NULL, expires_at INTEGER) WITHOUT ROWID"
+            "version INTEGER NOT NULL, expires_at INTEGER, sum INTEGER) WITHOUT ROWID"
         )
+        columns = {row[1] for row in sql.exec("PRAGMA table_info(actorkeep_kv)")}
+        if "sum" not in columns:  # a shard from before rows carried their checksum
+            sql.exec("ALTER TABLE actorkeep_kv ADD COLUMN sum INTEGER")
         sql.exec(
             "CREATE INDEX IF NOT EXISTS actorkeep_kv_expiry ON actorkeep_kv (expires_at) "
             "WHERE expires_at IS NOT NULL"
@@ -101,11 +126,15 @@ class KVShard(ak.Actor):
 
     def _live(self, key: bytes, now_ms: int) -> tuple[int, bytes, int | None] | None:
         row = self.sql.exec(
-            "SELECT version, value, expires_at FROM actorkeep_kv WHERE key = ?", (key,)
+            "SELECT version, value, expires_at, sum FROM actorkeep_kv WHERE key = ?", (key,)
         ).fetchone()
-        if row is None or (row[2] is not None and row[2] <= now_ms):
+        if row is None:
+            return None
+        version, value, expires_at, stored = row
+        _checked(key, value, version, expires_at, stored)
+        if expires_at is not None and expires_at <= now_ms:
             return None  # an expired row reads as absent everywhere
-        return row[0], row[1], row[2]
+        return version, value, expires_at
 
     @staticmethod
     def _conflict(expect: int | None, live: int | None) -> ak.Response | None:
@@ -151,10 +180,8 @@ class KVShard(ak.Actor):
                 return refused
         version = self._next_version
         self._next_version = version + 1
-        self.sql.exec(
-            "INSERT OR REPLACE INTO actorkeep_kv VALUES (?, ?, ?, NULL)",
-            (frame["k"], frame["v"], version),
-        )
+        key, value = frame["k"], frame["v"]
+        self.sql.exec(_INSERT, (key, value, version, None, row_sum(key, value, version, None)))
         return _reply({"ver": version, "exp": None})
 
     @ak.route("POST", PREFIX + "delete", parse=_parser("delete"))
@@ -183,12 +210,12 @@ class KVShard(ak.Actor):
         version = await self._new_version()
         ttl: float | None = frame["t"]
         expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
-        statement = "INSERT OR REPLACE INTO actorkeep_kv VALUES (?, ?, ?, ?)"
-        params = (key, frame["v"], version, expires_at)
+        value = frame["v"]
+        params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
         if frame["l"]:
-            self.sql.exec(statement, params)
+            self.sql.exec(_INSERT, params)
         else:
-            await self.sql.exec_durable(statement, params)
+            await self.sql.exec_durable(_INSERT, params)
         if expires_at is not None:
             await self._arm_expiry(expires_at)
         return _reply({"ver": version, "exp": expires_at})
@@ -220,13 +247,17 @@ class KVShard(ak.Actor):
             params.append(after)
         params.append(min(limit, MAX_LIMIT) + 1)
         rows = self.sql.exec(
-            "SELECT key, value, version, expires_at FROM actorkeep_kv WHERE "
+            "SELECT key, value, version, expires_at, sum FROM actorkeep_kv WHERE "
             + " AND ".join(clauses)
             + " ORDER BY key LIMIT ?",
             params,
         ).fetchall()
         more = len(rows) > limit
-        return _reply({"e": [list(r) for r in rows[:limit]], "more": more})
+        entries = []
+        for key, value, version, expires_at, stored in rows[:limit]:
+            _checked(key, value, version, expires_at, stored)
+            entries.append([key, value, version, expires_at])
+        return _reply({"e": entries, "more": more})
 
     async def _arm_expiry(self, expires_at_ms: int) -> None:
         # One millisecond late, so that floor(now * 1000) >= expires_at when it fires.

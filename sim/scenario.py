@@ -153,6 +153,12 @@ def seed_result(
 ) -> SeedResult:
     """The outcome of a finished run of ``world``."""
     history = world.history
+    if world.current is not None:
+        world.quarantined.update(world.current.host.quarantined)
+    violations = violations + [
+        Violation("no-false-damage", f"{address} was quarantined: {reason}")
+        for address, reason in sorted(world.quarantined.items())
+    ]
     return SeedResult(
         seed,
         world.trace_hash(),

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import trio
+
+from actorkeep.errors import StorageDamaged
 
 HOST_FILE = "host"
 
@@ -155,15 +157,42 @@ class SimStorageView:
         self.opened: set[SimDatabase] = set()
         self.fenced = False
 
-    def open_actor(self, class_name: str, name: str) -> SimDatabase:
-        return self._open(f"actors/{class_name}/{name}")
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> SimDatabase:
+        key = f"actors/{class_name}/{name}"
+        if existing and not self._exists(key):
+            # Registered actors are durable (registry.py): power loss cannot do this.
+            raise StorageDamaged("its database file is missing", f"sim:{key}")
+        return self._open(key)
 
     def exists(self, class_name: str, name: str) -> bool:
-        file = self.storage.files.get(f"actors/{class_name}/{name}")
+        return self._exists(f"actors/{class_name}/{name}")
+
+    def _exists(self, key: str) -> bool:
+        file = self.storage.files.get(key)
         return file is not None and (file.live is not None or file.committed is not None)
+
+    def actors(self) -> Iterator[tuple[str, str]]:
+        for key in sorted(self.storage.files):
+            if key.startswith("actors/") and self._exists(key):
+                class_name, _, name = key[len("actors/") :].partition("/")
+                yield class_name, name
+
+    def has_actors(self) -> bool:
+        return any(k.startswith("actors/") and self._exists(k) for k in self.storage.files)
 
     def open_host_db(self) -> SimDatabase:
         return self._open(HOST_FILE)
+
+    def set_aside_host_db(self) -> str:
+        files = self.storage.files
+        n = 1
+        while f"{HOST_FILE}.damaged-{n}" in files:
+            n += 1
+        target = f"{HOST_FILE}.damaged-{n}"
+        old = files.pop(HOST_FILE)
+        old.key = target
+        files[target] = old
+        return target
 
     def _open(self, key: str) -> SimDatabase:
         if self.fenced:

@@ -133,6 +133,9 @@ class World:
         self.current: Incarnation | None = None
         self.incarnations = 0
         self.crashes = 0
+        #: Actors some incarnation quarantined (``address -> reason``); always empty unless
+        #: the host mistakes what crashes and power loss leave for damage.
+        self.quarantined: dict[str, str] = {}
         self.steps = StepCounter()
         self._up = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -204,8 +207,7 @@ class World:
         self._up.set()
         return inc
 
-    @staticmethod
-    async def _run_host(inc: Incarnation, task_status: trio.TaskStatus[None]) -> None:
+    async def _run_host(self, inc: Incarnation, task_status: trio.TaskStatus[None]) -> None:
         try:
             with inc.scope:
                 async with inc.host.open():
@@ -217,6 +219,8 @@ class World:
             if inc.alive:
                 raise
         finally:
+            # The simulator never damages a file: any quarantine is a false alarm of the host.
+            self.quarantined.update(inc.host.quarantined)
             inc.done.set()
 
     async def stop(self) -> None:

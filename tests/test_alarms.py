@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.storage import Database, FileStorage
+from actorkeep.storage import FileDatabase, FileStorage
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -100,6 +100,10 @@ class Chain(ak.Actor):
         await self.sql.sync()
         self.later = later
         await self.set_alarm(self.now())
+
+    @ak.rpc
+    async def touch(self) -> None:
+        """Nothing: brings the actor into being (and its registration behind it)."""
 
     async def alarm(self, info: ak.AlarmInfo) -> None:
         fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
@@ -254,9 +258,9 @@ class CountingStorage(FileStorage):
         super().__init__(root, in_thread=False)
         self.opened: list[str] = []
 
-    def open_actor(self, class_name: str, name: str) -> Database:
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> FileDatabase:
         self.opened.append(f"{class_name}/{name}")
-        return super().open_actor(class_name, name)
+        return super().open_actor(class_name, name, existing)
 
 
 async def test_restart_opens_only_actors_with_due_alarms(
@@ -308,9 +312,10 @@ def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
     """Finding due alarms reads only due entries (the (at, address) index), so restart cost
     grows with due alarms, not with all pending ones."""
     from actorkeep.alarms import AlarmIndex
+    from actorkeep.hostdb import HostDb
 
     db = FileStorage(data_dir, in_thread=False).open_host_db()
-    index = AlarmIndex(db)
+    index = AlarmIndex(HostDb(db))
     statements: list[str] = []
     db.conn.set_trace_callback(statements.append)  # the statements due() really runs
     index.due(1.0, None, 2)
@@ -343,6 +348,9 @@ async def test_rearming_at_once_from_the_alarm_needs_no_fsync(
     data_dir: Path, autojump_clock: trio.testing.MockClock, syncs: list[str]
 ) -> None:
     async with open_host(app, data_dir) as host:
+        for address in ("chain/c", "chain/d"):  # registered first: their own syncs
+            await rpc(host, address, "touch")
+        await trio.sleep(1)
         await rpc(host, "chain/c", "start", n=5)
         before = len(syncs)
         await trio.sleep(1)
@@ -530,6 +538,10 @@ async def test_a_plain_alarm_pays_one_index_fsync_then_none(
 ) -> None:
     async with open_host(app, data_dir) as host:
         t0 = host.host.clock.now()
+        assert await rpc(host, "lazy/a", "alarm_at") is None
+        await trio.sleep(1)  # a new actor is registered once its file is durable (2 syncs)
+        assert syncs == ["a.sqlite", "host.sqlite"]
+        syncs.clear()
         await rpc(host, "lazy/a", "arm", at=t0 + 100, durable=False)
         assert syncs == ["host.sqlite"]  # the index entry, made durable once
         for k in range(5):
@@ -592,6 +604,8 @@ def test_the_next_durable_write_makes_a_plain_alarm_durable() -> None:
 
 def test_a_lost_plain_alarm_with_nothing_before_it_leaves_no_ghost() -> None:
     async def main(w: Any) -> tuple[float | None, int]:
+        await w.rpc("lazy/a", "alarm_at")
+        await trio.sleep(1)  # registered: its registration's sync is behind it
         await w.rpc("lazy/a", "arm", at=w.now() + 3, durable=False)
         w.crash(power_loss=True)
         await w.restart()
@@ -664,7 +678,7 @@ async def test_a_failing_index_removal_does_not_stop_the_host(
     class Storage(FileStorage):
         proxy: FailingDeletes
 
-        def open_host_db(self) -> Database:
+        def open_host_db(self) -> FileDatabase:
             db = super().open_host_db()
             self.proxy = FailingDeletes(db.conn)
             db.conn = self.proxy  # type: ignore[assignment]

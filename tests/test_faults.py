@@ -214,7 +214,7 @@ async def test_no_inline_runs_the_handler_on_the_worker(
         assert await call(th, "box/a", "call_inline", to="box/b") is False
 
 
-async def test_a_failing_alarm_event_is_retried_after_the_cooldown(
+async def test_a_failing_alarm_event_is_retried_with_backoff(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     hooks = Scripted()
@@ -223,7 +223,11 @@ async def test_a_failing_alarm_event_is_retried_after_the_cooldown(
         at = await call(th, "box/a", "set", delay=1.0)
         await trio.sleep(10.0)
         assert fired == []
+        # Tried at 1 s, then 2, 4 s later: three tries in ten seconds, not one every 2 s.
+        assert hooks.reached.count("host.alarm-event-fails") == 3
         hooks.sites.clear()
+        await trio.sleep(3.0)
+        assert fired == []  # the next try is 8 s after the third
         await trio.sleep(3.0)
         assert [(a, s) for a, _, s in fired] == [("box/a", at)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import trio._core._run as trio_run
 
 import actorkeep as ak
@@ -262,3 +263,28 @@ def test_a_delete_that_deleted_nothing_does_not_explain_an_absence() -> None:
         ]
     )
     assert check_kv(deleted, 1) == []
+
+
+def test_a_quarantine_in_a_simulation_is_reported_as_false_damage() -> None:
+    """The simulator never damages a file, so a quarantine means the host mistook what a crash
+    or power loss left for damage. Plant one (a registered shard's file removed behind the
+    host's back) and the seed fails with no-false-damage."""
+    from sim.scenario import seed_result
+
+    world = World(make_app(2), 5)
+
+    async def main(w: World) -> None:
+        put = ak.codec.pack({"k": b"a", "v": b"1", "x": None, "t": None, "l": False})
+        await w.call_as("app/x", "kv/shard-0", "POST", "/actorkeep-kv/v1/put", put)
+        await trio.sleep(1)  # registered
+        await w.stop()
+        del w.storage.files["actors/kv/shard-0"]
+        await w.start()
+        get = ak.codec.pack({"k": b"a"})
+        with pytest.raises(ak.Quarantined):
+            await w.call_as("app/x", "kv/shard-0", "POST", "/actorkeep-kv/v1/get", get)
+
+    world.run(main)
+    result = seed_result(5, world, [], 0, time.perf_counter(), {})
+    assert [v.invariant for v in result.violations] == ["no-false-damage"]
+    assert "kv/shard-0 was quarantined: its database file is missing" in str(result.violations[0])

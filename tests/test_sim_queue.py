@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 import queues
 from sim import World
@@ -67,6 +68,8 @@ def test_a_lease_costs_one_fsync_and_an_empty_lease_none() -> None:
     async def main(w: World) -> None:
         lease = {"queue": PULL, "max": 5, "visibility": 1.0}
         await queue_op(w, "p0", "send_batch", {"queue": PULL, "bodies": [b"a", b"b"], "delay": 0})
+        await queue_op(w, "w0", "stats", {"queue": PULL})
+        await trio.sleep(1)  # the new caller w0 is registered (registry.py): its own syncs
         for _ in range(2):  # the first takes both messages, the second finds none
             before = w.storage.syncs
             await queue_op(w, "w0", "lease", lease)
