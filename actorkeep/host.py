@@ -70,6 +70,13 @@ _RESULT_HEADERS = {  # shared: Headers are read-only
     "json": Headers._from_lower({"content-type": codec.JSON}),
 }
 _DUE_BATCH = 256
+#: Host time is compared with the wall clock this often (seconds), and acts on a difference
+#: past CLOCK_BOUND (decision 0012); the latest host time is recorded every HIGH_WATER_EVERY.
+CLOCK_CHECK_EVERY = 5.0
+CLOCK_BOUND = 1.0
+HIGH_WATER_EVERY = 60.0
+#: Warnings about a wall clock behind host time repeat this often while it lasts.
+CLOCK_WARN_EVERY = 600.0
 #: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
 INLINE_YIELD_EVERY = 32
 
@@ -582,6 +589,8 @@ class Host:
             elif self._registry.new and not host_db.fresh:
                 log.info("registering the actors of a host database from before the registry")
                 rebuild(self.storage, host_db, self._alarm_index, self._registry, self.clock.now())
+            if self.clock.follows_wall:
+                self._not_before_last_run(host_db)
             await host_db.sync()
             self._quarantined = {a: why for a, (why, _) in self._registry.quarantined().items()}
         except BaseException:
@@ -594,6 +603,8 @@ class Host:
                 nursery.start_soon(self._alarm_loop)
                 nursery.start_soon(self._evictor_loop)
                 nursery.start_soon(self._timeouts.watch)
+                if self.clock.follows_wall:
+                    nursery.start_soon(self._clock_loop)
                 try:
                     yield self
                 finally:
@@ -603,8 +614,55 @@ class Host:
             self._closing = True
             for act in list(self._activations.values()):
                 self._retire(act)
+            if self.clock.follows_wall:
+                with contextlib.suppress(Exception):
+                    host_db.set_meta("clock_high_water", self.clock.now())
             host_db.close()
             self.storage.close()
+
+    # -- the clock (decision 0012) ---------------------------------------------------------
+    def _not_before_last_run(self, host_db: HostDb) -> None:
+        """Host time never goes back across a restart: start at the latest time recorded."""
+        high_water = host_db.get_meta("clock_high_water")
+        if not isinstance(high_water, int | float):
+            return
+        behind = high_water - self.clock.now()
+        if behind > 0:
+            log.warning(
+                "the wall clock is behind the last time this host ran: host time starts "
+                "from that time instead, so that nothing moves back",
+                seconds=round(behind, 3),
+            )
+            self.clock.step(behind)
+
+    async def _clock_loop(self) -> None:
+        """Follow the wall clock forward; never back (decision 0012)."""
+        assert self._host_db is not None
+        warned = saved = -math.inf
+        while True:
+            await trio.sleep(CLOCK_CHECK_EVERY)
+            offset = self.clock.wall_offset()
+            if offset > CLOCK_BOUND:
+                self.clock.step(offset)
+                log.warning(
+                    "the wall clock jumped ahead of host time: host time steps forward to it "
+                    "(alarms due by then fire, TTLs that ended are over)",
+                    seconds=round(offset, 3),
+                )
+                self.poke_alarms(self.clock.now())
+            elif offset < -CLOCK_BOUND and trio.current_time() - warned >= CLOCK_WARN_EVERY:
+                warned = trio.current_time()
+                log.warning(
+                    "the wall clock is behind host time: host time goes on at its own pace and "
+                    "does not step back",
+                    seconds=round(-offset, 3),
+                )
+            if trio.current_time() - saved >= HIGH_WATER_EVERY:
+                saved = trio.current_time()
+                try:
+                    self._host_db.set_meta("clock_high_water", self.clock.now())
+                except Exception as exc:
+                    log.error("could not record the host time", error=repr(exc))
 
     @property
     def active_count(self) -> int:

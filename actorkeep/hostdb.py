@@ -33,6 +33,8 @@ class HostDb:
         self.where = db.where
         #: It held no tables when opened: new, or set aside and started afresh.
         self.fresh = not self.has_table("alarms")
+        with self.errors():
+            self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value)")
         self._written = 0
         self._synced = 0
         self._sync_running: trio.Event | None = None
@@ -51,6 +53,19 @@ class HostDb:
             yield
         except sqlite3.Error as exc:
             raise HostDbError(f"host database {self.where}: {exc}") from exc
+
+    def get_meta(self, key: str) -> object:
+        """A value the host keeps about itself (e.g. the latest host time), or None."""
+        with self.errors():
+            row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: object) -> None:
+        with self.errors():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)
+            )
+        self.wrote()
 
     def wrote(self) -> None:
         """Count a write that the next ``sync()`` must cover."""
