@@ -55,7 +55,7 @@ from .http import Headers, Request, Response, error_response
 from .rebuild import rebuild
 from .registry import Registry
 from .sql import Sql
-from .storage import IDENTITY_TABLE, Database, StorageBackend, is_damage
+from .storage import IDENTITY_TABLE, Database, StorageBackend, is_damage, out_of_descriptors
 
 if TYPE_CHECKING:
     import sqlalchemy
@@ -535,6 +535,8 @@ class Host:
         self._quarantined: dict[str, str] = {}  # address -> why
         self._registering: set[str] = set()
         self._alarm_failures: dict[str, int] = {}  # address -> failures in a row, no handler
+        self._fd_warned = -math.inf
+        self._fd_refusals = 0
         self._alarm_scope: trio.CancelScope | None = None
         self._poked = math.inf  # the earliest alarm time poked since the scheduler's last scan
         self._alarms_running: set[str] = set()
@@ -1010,6 +1012,18 @@ class Host:
     async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
         try:
             inst = await self._instance(act)
+        except Exception as exc:
+            if out_of_descriptors(exc):
+                # Nothing of the event ran: the caller may try again, as for any overload.
+                self._note_out_of_descriptors(act.address)
+                with contextlib.suppress(Exception):
+                    act.rollback()
+                act.discard_instance()
+                return outcome.Error(
+                    Overloaded("the host is out of file descriptors for now", retry_after=1.0)
+                )
+            return self._event_failed(act, ev, exc)
+        try:
             assert ev.fn is not None
             if ev.args is not None:
                 result = await ev.fn(inst, **ev.args)
@@ -1028,6 +1042,18 @@ class Host:
         if is_damage(exc):
             return outcome.Error(Quarantined(_quarantine_message(act.address)))
         return outcome.Value(resp)
+
+    def _note_out_of_descriptors(self, address: str) -> None:
+        self._fd_refusals += 1
+        now = trio.current_time()
+        if now - self._fd_warned >= 10.0:
+            log.warning(
+                "out of file descriptors opening actors: answering 503; lower --max-active "
+                "or raise `ulimit -n`",
+                address=address,
+                refused=self._fd_refusals,
+            )
+            self._fd_warned, self._fd_refusals = now, 0
 
     @staticmethod
     def _response(act: Activation, ev: Event, result: Any) -> Response:

@@ -14,6 +14,7 @@ it were never copied into the database, or whose file fails SQLite's ``quick_che
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import sqlite3
@@ -99,6 +100,25 @@ def is_damage(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.DatabaseError):
         code = getattr(exc, "sqlite_errorcode", None)
         return code is not None and code & 0xFF in _DAMAGE_CODES
+    return False
+
+
+_NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+_SQLITE_CANTOPEN = 14
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the process (or system) running out of file descriptors.
+    SQLite reports that only as "unable to open database file": then try to open one."""
+    if isinstance(exc, OSError):
+        return exc.errno in _NO_DESCRIPTORS
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == _SQLITE_CANTOPEN:
+            try:
+                os.close(os.open(os.devnull, os.O_RDONLY))
+            except OSError as probe:
+                return probe.errno in _NO_DESCRIPTORS
     return False
 
 
