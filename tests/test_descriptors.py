@@ -13,7 +13,6 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-import actorkeep.storage as storage_module
 from actorkeep.storage import FileDatabase, FileStorage
 from actorkeep.testing import open_host
 
@@ -38,7 +37,7 @@ class Exhausted(FileStorage):
             if self.how == "oserror":
                 raise OSError(errno.EMFILE, "Too many open files", f"{self.root}/actors/x")
             exc = sqlite3.OperationalError("unable to open database file")
-            exc.sqlite_errorcode = 14  # type: ignore[attr-defined]
+            exc.sqlite_errorcode = 14
             raise exc
         return super().open_actor(class_name, name, existing)
 
@@ -59,13 +58,13 @@ async def test_running_out_of_descriptors_is_a_503_with_retry_after(
             raise OSError(errno.EMFILE, "Too many open files")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(storage_module.os, "open", no_descriptors)
+    monkeypatch.setattr(os, "open", no_descriptors)
     async with open_host(app, storage=storage, debug=False) as host:
         resp = await host.request("POST", "/c/a/_rpc/hi")
         assert resp.status == 503 and resp.headers["retry-after"] == "1"
         assert resp.json()["error"] == "Overloaded"
         assert str(data_dir) not in resp.body.decode()
-        monkeypatch.setattr(storage_module.os, "open", real_open)
+        monkeypatch.setattr(os, "open", real_open)
         storage.fail = False
         assert (await host.request("POST", "/c/a/_rpc/hi")).json() == "hi"
 
