@@ -7,11 +7,18 @@ does not fit is refused with 503 before anything is read, decoded or queued.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class ByteBudget:
-    """A counter of bytes in use with a ceiling. Not a lock: ``take`` never waits."""
+    """A counter of bytes in use with a ceiling. Not a lock: ``take`` never waits.
 
-    __slots__ = ("in_use", "limit", "refused")
+    ``reclaim(n)``, if set, is asked to give back at least ``n`` bytes when a ``take`` does not
+    fit: the HTTP server closes the uploads that have waited longest for their client, so that
+    stalled bodies cannot hold the budget against requests that arrive whole.
+    """
+
+    __slots__ = ("in_use", "limit", "reclaim", "refused")
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
@@ -19,12 +26,16 @@ class ByteBudget:
         self.limit = limit
         self.in_use = 0
         self.refused = 0
+        self.reclaim: Callable[[int], None] | None = None
 
     def take(self, n: int) -> bool:
         """Reserve ``n`` bytes; False (and nothing reserved) if they do not fit."""
-        if self.in_use + n > self.limit and n > 0:
-            self.refused += 1
-            return False
+        if n > 0 and self.in_use + n > self.limit:
+            if self.reclaim is not None:
+                self.reclaim(self.in_use + n - self.limit)
+            if self.in_use + n > self.limit:
+                self.refused += 1
+                return False
         self.in_use += n
         return True
 

@@ -995,9 +995,10 @@ class Host:
         """Forget an activation whose worker has ended; fail the events it will never run."""
         if self._activations.get(act.address) is act:
             del self._activations[act.address]
-        error = outcome.Error(HostClosed(f"{act.address} was shut down"))
-        while act.queue:
-            self._reply(act.queue.popleft(), error)
+        while act.queue:  # an outcome is unwrapped once: one each
+            self._reply(
+                act.queue.popleft(), outcome.Error(HostClosed(f"{act.address} was shut down"))
+            )
         act.close()
 
     async def _instance(self, act: Activation) -> Actor:
@@ -1109,9 +1110,10 @@ class Host:
         if self._activations.get(address) is act:
             self._evict(act)
         act.closed = True
-        refused = outcome.Error(Quarantined(_quarantine_message(address)))
-        while act.queue:
-            self._reply(act.queue.popleft(), refused)
+        while act.queue:  # an outcome is unwrapped once: one each
+            self._reply(
+                act.queue.popleft(), outcome.Error(Quarantined(_quarantine_message(address)))
+            )
         return error_response(503, "Quarantined", _quarantine_message(address))
 
     def _sync_host_db_soon(self) -> None:

@@ -35,6 +35,9 @@ CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 RECEIVE_SIZE = 65536
 #: Seconds a refused or closing connection gets to take its last reply.
 LAST_WORDS = 1.0
+#: An upload that received nothing for this long is stalled: it may be closed to free the
+#: in-flight budget for others.
+STALLED = 1.0
 #: At most this many refusals (at the cap) are written at once; beyond, connections are
 #: closed at once.
 MAX_REFUSING = 64
@@ -80,12 +83,15 @@ class ServerLimits:
 
 
 class _Connection:
-    """One client connection and the cancel scope that closes it."""
+    """One client connection: the cancel scope that closes it, and the bytes of its request
+    body it holds of the host's in-flight budget."""
 
-    __slots__ = ("scope",)
+    __slots__ = ("held", "progress", "scope")
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
+        self.held = 0
+        self.progress = 0.0  # when the last bytes of its body arrived
 
 
 class _Timeout(Exception):
@@ -118,8 +124,9 @@ class HttpServer:
         self._handled_all = trio.Event()
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
-        self.shed = 0  # connections closed to make room for new ones
+        self.shed = 0  # connections closed to make room for new ones (or their bytes)
         self.refused = 0  # connections refused at the cap
+        self.host.inflight.reclaim = self._reclaim
 
     @property
     def connections(self) -> int:
@@ -169,6 +176,23 @@ class HttpServer:
             self.shed += 1
             return True
         return False
+
+    def _reclaim(self, needed: int) -> None:
+        """Close stalled uploads (nothing received for ``STALLED`` seconds), those that have
+        waited longest first, until ``needed`` bytes of the in-flight budget are free. Uploads
+        still making progress are kept: when they alone fill the budget, new bodies get 503."""
+        budget = self.host.inflight
+        stalled_since = trio.current_time() - STALLED
+        for conn in list(self._waiting):
+            if needed <= 0:
+                return
+            if conn.held and conn.progress <= stalled_since:
+                del self._waiting[conn]
+                conn.scope.cancel()
+                self.shed += 1
+                budget.give(conn.held)
+                needed -= conn.held
+                conn.held = 0
 
     def _refuse(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.refused += 1
@@ -300,54 +324,47 @@ class HttpServer:
             raise _Refused(error_response(431, "HeadersTooLarge", "request head too large"))
         if length is not None and length > host.max_body:
             raise _Refused(_too_large(host))
-        reserved = length or 0
-        if not host.inflight.take(reserved):
-            raise _Refused(_NO_MEMORY)
         try:
-            body = await self._read_body(h, stream, length)
+            body = await self._read_body(conn, h, stream)
         except _Timeout:
             raise _Refused(_timeout("request body too slow")) from None
         except h11.RemoteProtocolError as exc:
             raise _Refused(_protocol_error(exc)) from None
         finally:
-            host.inflight.give(reserved)
+            host.inflight.give(conn.held)  # the front takes the whole body's share itself
+            conn.held = 0
         self._waiting.pop(conn, None)
         target = request.target.decode("latin-1")
         path, _, query = target.partition("?")
         return await self.front.handle(request.method.decode("ascii"), path, query, headers, body)
 
-    async def _read_body(self, h: h11.Connection, stream: Any, length: int | None) -> bytes:
-        """The request body, in time. A body of unknown length (chunked) takes its budget as
-        it grows; a declared length was taken before."""
+    async def _read_body(self, conn: _Connection, h: h11.Connection, stream: Any) -> bytes:
+        """The request body, in time, taking its share of the in-flight budget as it arrives
+        (``conn.held``): a declared length costs nothing until the bytes come."""
         limits = self.limits
         host = self.host
         if h.client_is_waiting_for_100_continue:
-            await self._send_all(
-                stream, h.send(h11.InformationalResponse(status_code=100, headers=[]))
-            )
+            continue_ = h11.InformationalResponse(status_code=100, headers=[])
+            await self._send_all(stream, h.send(continue_))
         start = trio.current_time()
         chunks: list[bytes] = []
         size = 0
-        grown = 0
-        try:
-            while True:
-                deadline = start + limits.transfer_grace + size / limits.min_rate
-                event = await self._next_event(h, stream, deadline)
-                if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > host.max_body:
-                        raise _Refused(_too_large(host))
-                    if length is None:
-                        if not host.inflight.take(len(event.data)):
-                            raise _Refused(_NO_MEMORY)
-                        grown += len(event.data)
-                    chunks.append(event.data)
-                elif isinstance(event, h11.EndOfMessage):
-                    return b"".join(chunks)
-                else:  # ConnectionClosed
-                    raise trio.BrokenResourceError("the client left mid-body")
-        finally:
-            host.inflight.give(grown)
+        while True:
+            deadline = start + limits.transfer_grace + size / limits.min_rate
+            event = await self._next_event(h, stream, deadline)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > host.max_body:
+                    raise _Refused(_too_large(host))
+                conn.progress = trio.current_time()
+                if not host.inflight.take(len(event.data)):
+                    raise _Refused(_NO_MEMORY)
+                conn.held += len(event.data)
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            else:  # ConnectionClosed
+                raise trio.BrokenResourceError("the client left mid-body")
 
     async def _next_event(self, h: h11.Connection, stream: Any, deadline: float) -> Any:
         partial = False
@@ -402,11 +419,20 @@ class HttpServer:
     async def _answer(
         self, h: h11.Connection, stream: Any, resp: Response, method: bytes = b"GET"
     ) -> None:
-        """Answer ``resp`` and close, if a reply can still be written on this connection."""
+        """Answer ``resp`` and close, if a reply can still be written on this connection.
+
+        A client still sending its body would get a reset instead of the answer if the socket
+        closed with its bytes unread: so read and drop them for a moment first (a lingering
+        close)."""
         if h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
+        mid_body = h.their_state is h11.SEND_BODY
         with trio.move_on_after(LAST_WORDS), contextlib.suppress(*_GONE):
             await self._send_response(h, stream, method, resp, True)
+            if mid_body:
+                await stream.send_eof()
+                while await stream.receive_some(RECEIVE_SIZE):
+                    pass
 
 
 def _keeps_alive(request: h11.Request) -> bool:

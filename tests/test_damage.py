@@ -234,11 +234,15 @@ async def test_a_damaged_host_database_is_set_aside_and_rebuilt(
 ) -> None:
     await fill(data_dir)
     host_file = data_dir / "host" / "host.sqlite"
+    conn = sqlite3.connect(host_file)
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'alarms'").fetchone()
+    conn.close()
     data = bytearray(host_file.read_bytes())
     if damage == "header":
         data[:100] = b"\x00" * 100
-    else:
-        data[4096 + 8 : 4096 * 2] = b"\xa5" * (4096 - 8)
+    else:  # the cells of the alarm index's page (it holds the two entries)
+        page = (root - 1) * 4096
+        data[page + 8 : page + 4096] = b"\xa5" * (4096 - 8)
     host_file.write_bytes(bytes(data))
     with structlog.testing.capture_logs() as logs:
         async with open_host(app, data_dir) as host:

@@ -457,7 +457,9 @@ async def test_shutdown_answers_every_request_it_took(data_dir: Path) -> None:
         nursery.start_soon(call, "quick", rpc_request("/counter/q/_rpc/slow", b'{"seconds": 0.1}'))
         nursery.start_soon(call, "slow", rpc_request("/counter/s/_rpc/slow", b'{"seconds": 10}'))
         await trio.sleep(0.1)
+        # Two queued: each gets its own answer (one shared outcome used to fail the second).
         nursery.start_soon(call, "queued", rpc_request("/counter/s/_rpc/incr", b"{}"))
+        nursery.start_soon(call, "queued-too", rpc_request("/counter/s/_rpc/incr", b"{}"))
         idle = await connect(port)
         await idle.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
         await read_replies(idle, 1)
@@ -467,7 +469,7 @@ async def test_shutdown_answers_every_request_it_took(data_dir: Path) -> None:
         assert await read_until_closed(idle, timeout=0.2) == b""
         await idle.aclose()
     assert replies["quick"].status == 200 and replies["quick"].json() == "done"
-    for label in ("slow", "queued"):
+    for label in ("slow", "queued", "queued-too"):
         assert replies[label].status == 503, label
         assert replies[label].json()["error"] == "HostClosed"
         assert replies[label].headers["connection"] == "close"
@@ -499,3 +501,74 @@ async def test_a_request_arriving_while_draining_is_refused_not_run(data_dir: Pa
         await slow.aclose()
         await keep.aclose()
     assert not any((data_dir / "actors" / "counter").rglob("late*"))
+
+
+async def test_stalled_uploads_give_way_to_whole_requests_when_memory_runs_short(
+    data_dir: Path,
+) -> None:
+    """Bodies take the in-flight budget as they arrive. Uploads that stall while holding it
+    are closed (longest-waiting first) to make room for a request that arrives whole; uploads
+    still making progress are not, and a request that does not fit then gets 503."""
+    limits = ServerLimits(transfer_grace=30)
+    async with serving(data_dir, limits, max_body=100_000, max_inflight_bytes=200_000) as (
+        server,
+        port,
+    ):
+        stalled = []
+        for _ in range(2):
+            stream = await connect(port)
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n"
+                + b"x" * 90_000
+            )
+            stalled.append(stream)
+        await trio.sleep(0.2)
+        assert server.host.inflight.in_use == 180_000
+        await trio.sleep(1.0)  # both stalled now
+        stream = await connect(port)
+        async with stream:
+            body = b"y" * 50_000
+            await stream.send_all(
+                b"POST /counter/b/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 50000\r\n\r\n" + body
+            )
+            (reply,) = await read_replies(stream, 1)
+        assert reply.status == 200 and reply.body == body
+        # The longest-stalled upload made room; the other is still open.
+        assert await read_until_closed(stalled[0], timeout=1) == b""
+        with trio.move_on_after(0.3) as still_open:
+            await stalled[1].receive_some(1)
+        assert still_open.cancelled_caught
+        await stalled[1].send_all(b"x" * 10_000)  # finishes its body: answered
+        (done,) = await read_replies(stalled[1], 1)
+        assert done.status == 200 and len(done.body) == 100_000
+        for s in stalled:
+            await s.aclose()
+
+        # Uploads making progress are never closed for it: the newcomer gets 503.
+        async def upload(stream: trio.SocketStream, stop: trio.Event) -> None:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n"
+            )
+            for _ in range(90):
+                await stream.send_all(b"z" * 1000)
+            while not stop.is_set():
+                await trio.sleep(0.3)
+                await stream.send_all(b"z" * 10)
+
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            busy = [await connect(port) for _ in range(2)]
+            for s in busy:
+                nursery.start_soon(upload, s, stop)
+            await trio.sleep(1.5)
+            stream = await connect(port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /counter/b/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 50000\r\n\r\n"
+                    + b"y" * 50_000
+                )
+                (reply,) = await read_replies(stream, 1)
+            assert reply.status == 503 and reply.json()["error"] == "Overloaded"
+            stop.set()
+        for s in busy:
+            await s.aclose()
