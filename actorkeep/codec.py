@@ -46,8 +46,9 @@ def pack(value: Any) -> bytes:
 
 
 def unpack(data: bytes) -> Any:
-    """Decode msgpack; no container may hold more than ``MAX_VALUES`` entries."""
-    return msgpack.unpackb(data, raw=False, max_array_len=MAX_VALUES, max_map_len=MAX_VALUES)
+    """Decode msgpack from the app's own code (frames and replies between actors); what
+    outside clients send is decoded with ``unpack_counted``."""
+    return msgpack.unpackb(data, raw=False)
 
 
 def unpack_counted(data: bytes, max_values: int = MAX_VALUES) -> tuple[Any, int]:

@@ -745,7 +745,11 @@ class Host:
         creates = spec.outside_creates
         if creates is not None and request.caller is None and address not in self._activations:
             try:
-                refuse = not creates(name) and not self.storage.exists(class_name, name)
+                refuse = (
+                    not creates(name)
+                    and not self.storage.exists(class_name, name)
+                    and not self.registry.has(address)  # gone from disk: damage, not absence
+                )
             except Exception as exc:  # a bug in the app's create function
                 return self._error_reply(exc, "create check failed", address, True)
             if refuse:
@@ -886,14 +890,16 @@ class Host:
         assert inst is not None and ev.fn is not None
         act.current = ev
         token = _current_actor.set(inst)
+        damaged = False
         try:
             if ev.args is not None:
                 result = await ev.fn(inst, **ev.args)
             else:
                 result = await ev.fn(inst, ev.request, **(ev.params or {}))
-            reply: outcome.Outcome[Response] = outcome.Value(self._response(act, ev, result))
+            resp = self._response(act, ev, result)
         except Exception as exc:
-            reply = self._event_failed(act, ev, exc)
+            resp = self._failed(act, exc, _from_outside(ev))
+            damaged = is_damage(exc)
         finally:
             _current_actor.reset(token)
             act.current = None
@@ -903,7 +909,9 @@ class Host:
                 self._note_idle(now + self.idle_timeout)
                 if self.faults is not None and self.faults.buggify("host.evict-after-event"):
                     self._evict(act)
-        return reply.unwrap()
+        if damaged:
+            raise Quarantined(_quarantine_message(act.address))
+        return resp
 
     # -- activations and the worker -------------------------------------------------------
     def _activation(self, address: str, spec: ActorClass, name: str) -> Activation:

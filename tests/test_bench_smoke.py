@@ -47,3 +47,10 @@ def test_scale_quick_run() -> None:
     """bench/scale.py --quick: 2,000 actors with alarms; restarts, latency, alarms fire."""
     out = run_quick("scale", timeout=240)
     assert "latency ratio" in out, out
+
+
+@pytest.mark.slow
+def test_hostile_quick_run() -> None:
+    """bench/hostile.py --quick: every probe, small; each fails the run if the host misbehaves."""
+    out = run_quick("hostile", timeout=240)
+    assert "7 probes passed, 0 failed" in out, out

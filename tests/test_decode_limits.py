@@ -26,7 +26,7 @@ def test_msgpack_values_are_counted_and_capped_while_decoding() -> None:
         codec.unpack_counted(NESTED_BOMB)
     big_list = b"\xdd" + (200_000).to_bytes(4, "big") + b"\xc0" * 200_000
     with pytest.raises(ValueError):  # one container past the limit: refused before it is built
-        codec.unpack(big_list)
+        codec.unpack_counted(big_list)
     # What the limit allows: a 1 MiB body of 100,000 short strings.
     ok = codec.pack(["x" * 8] * 100_000)
     assert len(codec.unpack_counted(ok)[0]) == 100_000
