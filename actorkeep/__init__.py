@@ -19,10 +19,11 @@ from .errors import (
     RemoteError,
     StorageDamaged,
 )
-from .host import Host, current_actor
 from .http import Headers, Request, Response
 from .routing import route, rpc
-from .storage import FileStorage
+from .runtime.clock import Clock
+from .runtime.host import Host, current_actor
+from .runtime.storage import FileStorage
 
 __all__ = [
     "Actor",
@@ -31,6 +32,7 @@ __all__ = [
     "App",
     "BadRequest",
     "CallTimeout",
+    "Clock",
     "FileStorage",
     "Forbidden",
     "Headers",

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import sqlalchemy
 
     from .calls import ActorsClient
-    from .host import Activation
+    from .runtime.host import Activation
     from .sql import Sql
 
 

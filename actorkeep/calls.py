@@ -11,7 +11,7 @@ from .errors import error_for_status
 from .http import Response
 
 if TYPE_CHECKING:
-    from .host import Activation
+    from .runtime.host import Activation
 
 DEFAULT_TIMEOUT = 30.0
 _RPC_HEADERS = {"content-type": codec.MSGPACK}

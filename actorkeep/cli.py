@@ -20,11 +20,11 @@ import trio
 
 from .address import actor_path, split_address
 from .app import App
-from .host import Host
-from .hostdb import HostDb
-from .registry import Registry
+from .runtime.host import Host
+from .runtime.hostdb import HostDb
+from .runtime.registry import Registry
+from .runtime.storage import DataDirInUse, FileStorage
 from .server import ServerLimits, serve_http
-from .storage import DataDirInUse, FileStorage
 
 log = structlog.get_logger("actorkeep")
 

@@ -16,8 +16,8 @@ import structlog
 
 from .address import check_actor_name
 from .errors import HostClosed, Overloaded, Quarantined
-from .host import RESERVED_HEADER_PREFIX, Host, parse_query
 from .http import Headers, Request, Response, error_response
+from .runtime.host import RESERVED_HEADER_PREFIX, Host, parse_query
 
 log = structlog.get_logger("actorkeep")
 

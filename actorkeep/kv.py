@@ -19,7 +19,6 @@ from . import codec
 from .address import check_class_name
 from .calls import decode_reply
 from .errors import ReentryError, RemoteError
-from .host import CALLER_HEADER, current_actor
 from .http import Headers, Request
 from .kv_wire import (
     PREFIX,
@@ -29,6 +28,7 @@ from .kv_wire import (
     check_ttl,
     check_value,
 )
+from .runtime.host import CALLER_HEADER, current_actor
 
 __all__ = [
     "ABSENT",

@@ -23,9 +23,9 @@ from typing import Any, Literal, TypeVar, overload
 from . import codec
 from .address import split_address
 from .errors import error_for_status
-from .host import current_actor
 from .http import Headers, Request, Response, error_response
 from .routing import route
+from .runtime.host import current_actor
 
 __all__ = [
     "DELIVER_PATH",

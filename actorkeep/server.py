@@ -25,8 +25,8 @@ import structlog
 import trio
 
 from .front import Front
-from .host import Host
 from .http import Response, error_response
+from .runtime.host import Host
 
 log = structlog.get_logger("actorkeep")
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .storage import Database
+from .runtime.storage import Database
 
 Params = Sequence[Any] | dict[str, Any]
 _ENDS = frozenset({"COMMIT", "END", "COMMIT TRANSACTION", "END TRANSACTION"})

@@ -11,11 +11,11 @@ import trio
 import trio.testing
 
 from .app import App
-from .clock import Clock
 from .front import Front
-from .host import Host
 from .http import Response
-from .storage import FileStorage, StorageBackend
+from .runtime.clock import Clock
+from .runtime.host import Host
+from .runtime.storage import FileStorage, StorageBackend
 
 
 class TestHost:

@@ -76,7 +76,7 @@ import trio
 import actorkeep as ak
 from actorkeep import codec
 from actorkeep.address import actor_path
-from actorkeep.storage import configure_connection
+from actorkeep.runtime.storage import configure_connection
 from bench.procs import LOOPBACK, free_port, pct, read_rss_kib, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent

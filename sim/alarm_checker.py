@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from actorkeep.alarms import MAX_RETRIES, retry_delay
+from actorkeep.runtime.alarms import MAX_RETRIES, retry_delay
 
 from .check import Violation
 from .history import NEVER, Fault, History, Op

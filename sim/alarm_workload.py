@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 import actorkeep as ak
-from actorkeep.alarms import FIRST_RETRY_DELAY, MAX_RETRIES
+from actorkeep.runtime.alarms import FIRST_RETRY_DELAY, MAX_RETRIES
 
 from .history import Status
 from .kv_workload import timed_faults

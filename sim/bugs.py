@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import actorkeep as ak
-from actorkeep.host import Activation, Host
+from actorkeep.runtime.host import Activation, Host
 from shards import KVShard
 
 

@@ -1,4 +1,4 @@
-"""The world's side of ``actorkeep.faults.FaultHooks``: seeded call, alarm and BUGGIFY faults."""
+"""The world's side of the runtime's ``FaultHooks``: seeded call, alarm and BUGGIFY faults."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 import shards
-from actorkeep.host import Host
+from actorkeep.runtime.host import Host
 
 from .alarm_checker import check_alarms
 from .alarm_workload import Recorder, run_alarm_workload

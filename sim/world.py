@@ -29,11 +29,11 @@ import trio
 import trio.testing
 
 from actorkeep.app import App
-from actorkeep.clock import Clock
 from actorkeep.errors import HostClosed
 from actorkeep.front import Front
-from actorkeep.host import Host
 from actorkeep.http import Response
+from actorkeep.runtime.clock import Clock
+from actorkeep.runtime.host import Host
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
 from .faults import SimHooks
@@ -64,7 +64,7 @@ class Faults:
     ``call_delay_max`` seconds; ``call_refuse_p`` refuses it with ``Overloaded`` before the
     callee sees it; ``reply_loss_p`` loses the reply (``CallTimeout`` after the callee ran).
     ``alarm_late_p`` hands a due alarm to its actor up to ``alarm_late_max`` seconds late.
-    ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.faults.SITES``, and any
+    ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.runtime.faults.SITES``, and any
     ``self.buggify(site)`` in the app): each is enabled with probability 0.25 per run and
     then fires a quarter of the times it is reached.
     """

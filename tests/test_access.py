@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.host import Host
-from actorkeep.storage import FileStorage
+from actorkeep.runtime.host import Host
+from actorkeep.runtime.storage import FileStorage
 from actorkeep.testing import open_host
 
 from .conftest import sqlite_files

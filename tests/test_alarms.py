@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.storage import FileDatabase, FileStorage
+from actorkeep.runtime.storage import FileDatabase, FileStorage
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -311,8 +311,8 @@ async def test_many_due_alarms_fire_through_the_index(
 def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
     """Finding due alarms reads only due entries (the (at, address) index), so restart cost
     grows with due alarms, not with all pending ones."""
-    from actorkeep.alarms import AlarmIndex
-    from actorkeep.hostdb import HostDb
+    from actorkeep.runtime.alarms import AlarmIndex
+    from actorkeep.runtime.hostdb import HostDb
 
     db = FileStorage(data_dir, in_thread=False).open_host_db()
     index = AlarmIndex(HostDb(db))
@@ -331,7 +331,7 @@ def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
 @pytest.fixture
 def syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the files ``FileDatabase.sync`` made durable, in order."""
-    from actorkeep.storage import FileDatabase
+    from actorkeep.runtime.storage import FileDatabase
 
     synced: list[str] = []
     real_sync = FileDatabase.sync
@@ -400,7 +400,7 @@ async def test_alarms_rearmed_while_the_scheduler_pages_are_not_lost(
 async def test_storage_failure_in_the_alarm_path_does_not_take_the_host_down(
     data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actorkeep.storage import FileDatabase
+    from actorkeep.runtime.storage import FileDatabase
 
     broken = False
     real_sync = FileDatabase.sync
@@ -459,7 +459,7 @@ async def test_replacing_an_alarm_keeps_the_index_no_later_than_it_until_durable
 ) -> None:
     """If the process dies after the index write and before the new row is durable, the
     acknowledged alarm must not be delayed to the new time."""
-    from actorkeep.storage import FileDatabase
+    from actorkeep.runtime.storage import FileDatabase
 
     async with open_host(app, data_dir) as host:
         t1 = await rpc(host, "timer/a", "set", delay=10)
@@ -494,7 +494,7 @@ async def test_an_alarm_moved_later_by_an_earlier_event_does_not_fire_early(
 async def test_delete_alarm_drops_the_index_entry_only_once_the_row_is_gone_durably(
     data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actorkeep.storage import FileDatabase
+    from actorkeep.runtime.storage import FileDatabase
 
     async with open_host(app, data_dir) as host:
         at = await rpc(host, "timer/a", "set", delay=100)

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.clock import Clock
+from actorkeep.runtime.clock import Clock
 from actorkeep.testing import open_host
 
 BASE = 1_800_000_000.0

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.storage import FileDatabase, FileStorage
+from actorkeep.runtime.storage import FileDatabase, FileStorage
 from actorkeep.testing import open_host
 
 app = ak.App()

@@ -1,4 +1,4 @@
-"""The host's fault-injection hooks (actorkeep.faults): what each hook and BUGGIFY site does."""
+"""The host's fault-injection hooks (actorkeep.runtime.faults): what each hook and site does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import trio.testing
 
 import actorkeep as ak
 import shards
-from actorkeep.faults import SITES
+from actorkeep.runtime.faults import SITES
 from actorkeep.testing import open_host
 
 app = ak.App()

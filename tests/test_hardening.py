@@ -14,7 +14,7 @@ import actorkeep as ak
 import shards
 from actorkeep.asgi import AsgiApp
 from actorkeep.front import Front
-from actorkeep.storage import DataDirInUse, FileStorage
+from actorkeep.runtime.storage import DataDirInUse, FileStorage
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -153,7 +153,7 @@ async def test_durable_writes_reach_fdatasync(
     data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """exec_durable and sync() really flush the WAL, and a new actor's directories once."""
-    import actorkeep.storage as storage
+    import actorkeep.runtime.storage as storage
 
     flushed: list[tuple[str, bool]] = []  # (file or directory name, data only)
     real = storage._fsync_path

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actorkeep as ak
-from actorkeep.clock import Clock
+from actorkeep.runtime.clock import Clock
 from actorkeep.testing import open_host
 
 from .kvutil import kvop, make_app

@@ -17,7 +17,7 @@ import trio.testing
 
 import actorkeep as ak
 from actorkeep.address import actor_path
-from actorkeep.storage import FileStorage
+from actorkeep.runtime.storage import FileStorage
 from actorkeep.testing import open_host
 
 from .conftest import sqlite_files
@@ -188,7 +188,7 @@ async def test_durable_write_does_not_stall_other_actors(
             release.wait(10)
         real_fsync(fd)
 
-    import actorkeep.storage as storage
+    import actorkeep.runtime.storage as storage
 
     real_datasync = storage._datasync
 

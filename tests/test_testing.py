@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import actorkeep as ak
-from actorkeep.clock import Clock
+from actorkeep.runtime.clock import Clock
 from actorkeep.testing import open_host
 
 app = ak.App()

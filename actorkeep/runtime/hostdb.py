@@ -1,7 +1,7 @@
 """The host's own database (``host.sqlite``): the alarm index, the actor registry, quarantine.
 
-Everything in it can be rebuilt from the actors' own databases (``actorkeep.rebuild``): when it
-is missing while actors exist, or damaged, the host rebuilds it at start. Its writes are plain;
+Everything in it can be rebuilt from the actors' own databases (``rebuild.py``): when it is
+missing while actors exist, or damaged, the host rebuilds it at start. Its writes are plain;
 ``sync()`` makes them durable, one fsync for every write made before it started.
 """
 
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import structlog
 import trio
 
-from .errors import ActorkeepError
+from ..errors import ActorkeepError
 from .storage import Database, StorageBackend, check_database, is_damage
 
 log = structlog.get_logger("actorkeep")

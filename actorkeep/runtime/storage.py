@@ -25,8 +25,8 @@ from typing import Protocol
 
 import trio
 
-from .address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
-from .errors import StorageDamaged
+from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
+from ..errors import StorageDamaged
 
 # Memory bound per open actor; pages are only allocated as used (SQLite's default is 2 MiB).
 CACHE_KIB = 512

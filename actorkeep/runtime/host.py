@@ -23,22 +23,12 @@ import structlog
 import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
-from . import codec
-from .actor import Actor, AlarmInfo
-from .address import check_actor_name, split_address
-from .alarms import (
-    ACTOR_TABLE,
-    MAX_RETRIES,
-    AlarmIndex,
-    AlarmState,
-    retry_delay,
-    storage_retry_delay,
-)
-from .app import ActorClass, App
-from .budget import ByteBudget
-from .calls import ActorsClient, decode_reply
-from .clock import Clock
-from .errors import (
+from .. import codec
+from ..actor import Actor, AlarmInfo
+from ..address import check_actor_name, split_address
+from ..app import ActorClass, App
+from ..calls import ActorsClient, decode_reply
+from ..errors import (
     BadRequest,
     CallTimeout,
     Forbidden,
@@ -49,12 +39,22 @@ from .errors import (
     RemoteError,
     StorageDamaged,
 )
+from ..http import Headers, Request, Response, error_response
+from ..sql import Sql
+from .alarms import (
+    ACTOR_TABLE,
+    MAX_RETRIES,
+    AlarmIndex,
+    AlarmState,
+    retry_delay,
+    storage_retry_delay,
+)
+from .budget import ByteBudget
+from .clock import Clock
 from .faults import FaultHooks
 from .hostdb import HostDb, open_host_db
-from .http import Headers, Request, Response, error_response
 from .rebuild import rebuild
 from .registry import Registry
-from .sql import Sql
 from .storage import IDENTITY_TABLE, Database, StorageBackend, is_damage, out_of_descriptors
 
 if TYPE_CHECKING:
