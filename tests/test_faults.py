@@ -264,7 +264,7 @@ def test_every_site_is_reached_by_the_runtime() -> None:
     root = Path(__file__).resolve().parents[1]
     source = "".join(
         p.read_text()
-        for p in [*root.glob("actorkeep/*.py"), *root.glob("shards/*.py")]
+        for p in [*root.glob("actorkeep/**/*.py"), *root.glob("shards/*.py")]
         if p.name != "faults.py"
     )
     for site in SITES:
