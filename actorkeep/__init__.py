@@ -21,8 +21,9 @@ from .errors import (
 )
 from .http import Headers, Request, Response
 from .routing import route, rpc
+from .runtime.activation import current_actor
 from .runtime.clock import Clock
-from .runtime.host import Host, current_actor
+from .runtime.host import Host
 from .runtime.storage import FileStorage
 
 __all__ = [

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import sqlalchemy
 
     from .calls import ActorsClient
-    from .runtime.host import Activation
+    from .context import ActorContext
     from .sql import Sql
 
 
@@ -40,7 +40,7 @@ class Actor:
     options: dict[str, Any]
     sql: Sql
     actors: ActorsClient
-    _ak: Activation
+    _ak: ActorContext
     _ak_db: sqlalchemy.Connection | None = None
 
     async def setup(self) -> None:
@@ -48,12 +48,12 @@ class Actor:
 
     def now(self) -> float:
         """The host clock in epoch seconds. Use it, not ``time.time()``."""
-        return self._ak.host.clock.now()
+        return self._ak.now()
 
     @property
     def rng(self) -> random.Random:
         """The host's random number generator (the simulator seeds it). Use it, not ``random``."""
-        return self._ak.host.rng
+        return self._ak.rng
 
     @property
     def db(self) -> sqlalchemy.Connection:
@@ -68,7 +68,7 @@ class Actor:
         Always False outside the simulator. Use it to make legal but rare things happen often
         in simulation: ``if self.buggify("cache.evict"): self._cache.clear()``.
         """
-        return self._ak.host.buggify(site)
+        return self._ak.buggify(site)
 
     async def set_alarm(self, at: float, *, durable: bool = True) -> None:
         """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.
@@ -90,8 +90,7 @@ class Actor:
 
     def get_alarm(self) -> float | None:
         """The time the alarm is set for, or ``None``."""
-        state = self._ak.alarm
-        return state.at if state is not None else None
+        return self._ak.get_alarm()
 
     async def delete_alarm(self) -> None:
         """Remove the alarm, if any. Durable when it returns."""

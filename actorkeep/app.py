@@ -7,7 +7,7 @@ from typing import Any, Literal, TypeVar
 
 from .actor import Actor
 from .address import check_class_name
-from .routing import Router
+from .routing import RouteTable
 
 Access = Literal["public", "internal"]
 #: Who may bring an actor of a class into being: ``"anyone"``; only other ``"actors"`` (an
@@ -35,7 +35,7 @@ def _creatable_from_outside(create: Create) -> Callable[[str], bool] | None:
 class ActorClass:
     """One registered class: its name, Python class, access rule, allowed callers and options."""
 
-    __slots__ = ("access", "allow", "cls", "name", "options", "outside_creates", "router")
+    __slots__ = ("access", "allow", "cls", "name", "options", "outside_creates", "routes")
 
     def __init__(
         self,
@@ -55,7 +55,7 @@ class ActorClass:
         self.options = options
         #: Whether an outside request may create the actor of a name (None: any name may).
         self.outside_creates = _creatable_from_outside(create)
-        self.router = Router(cls)
+        self.routes = RouteTable(cls)
 
     @property
     def has_alarm(self) -> bool:

@@ -11,19 +11,18 @@ from .errors import error_for_status
 from .http import Response
 
 if TYPE_CHECKING:
-    from .runtime.host import Activation
+    from .context import ActorContext
 
 DEFAULT_TIMEOUT = 30.0
-_RPC_HEADERS = {"content-type": codec.MSGPACK}
 
 
 class ActorsClient:
     """Calls other actors on behalf of the actor it belongs to (``self.actors``)."""
 
-    __slots__ = ("_act",)
+    __slots__ = ("_ctx",)
 
-    def __init__(self, act: Activation) -> None:
-        self._act = act
+    def __init__(self, ctx: ActorContext) -> None:
+        self._ctx = ctx
 
     async def call(
         self,
@@ -41,15 +40,12 @@ class ActorsClient:
         seconds (the callee's event keeps running), and ``ValueError`` for a bad address.
         Any other outcome, errors included, is returned as a ``Response``.
         """
-        act = self._act
-        return await act.host.call(
-            act.address, act.chain_for_call(), address, method, path, body, headers, timeout
-        )
+        return await self._ctx.call(address, method, path, body, headers, timeout)
 
     def ref(self, address: str, timeout: float | None = DEFAULT_TIMEOUT) -> ActorRef:
         """A handle whose attributes call the ``@rpc`` methods of the actor at ``address``."""
         split_address(address)
-        return ActorRef(self._act, address, timeout)
+        return ActorRef(self._ctx, address, timeout)
 
 
 class ActorRef:
@@ -58,10 +54,10 @@ class ActorRef:
     An error reply raises ``RemoteError`` (or its subclasses, by status).
     """
 
-    __slots__ = ("_act", "_address", "_methods", "_timeout")
+    __slots__ = ("_address", "_ctx", "_methods", "_timeout")
 
-    def __init__(self, act: Activation, address: str, timeout: float | None) -> None:
-        self._act = act
+    def __init__(self, ctx: ActorContext, address: str, timeout: float | None) -> None:
+        self._ctx = ctx
         self._address = address
         self._timeout = timeout
         self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
@@ -71,12 +67,10 @@ class ActorRef:
             raise AttributeError(method)
         call = self._methods.get(method)
         if call is None:
-            act, address, timeout = self._act, self._address, self._timeout
+            ctx, address, timeout = self._ctx, self._address, self._timeout
 
             async def call(**kwargs: Any) -> Any:
-                return await act.host.call_rpc(
-                    act.address, act.chain_for_call(), address, method, kwargs, timeout
-                )
+                return await ctx.call_rpc(address, method, kwargs, timeout)
 
             call.__name__ = method
             self._methods[method] = call

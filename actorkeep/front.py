@@ -16,8 +16,8 @@ import structlog
 
 from .address import check_actor_name
 from .errors import HostClosed, Overloaded, Quarantined
-from .http import Headers, Request, Response, error_response
-from .runtime.host import RESERVED_HEADER_PREFIX, Host, parse_query
+from .http import Headers, Request, Response, error_response, parse_query, without_reserved
+from .runtime.host import Host
 
 log = structlog.get_logger("actorkeep")
 
@@ -92,9 +92,7 @@ class Front:
         if len(body) > self.host.max_body:
             return error_response(413, "PayloadTooLarge", f"body over {self.host.max_body} bytes")
         path = "/" + parts[3] if len(parts) == 4 else "/"
-        hdrs = Headers(
-            (k, v) for k, v in headers if not k.lower().startswith(RESERVED_HEADER_PREFIX)
-        )
+        hdrs = Headers(without_reserved(headers))
         try:
             query = parse_query(query_string)
         except ValueError as exc:

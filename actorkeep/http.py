@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, overload
+from urllib.parse import parse_qsl
 
 from .codec import json_dumps, json_loads
 
@@ -115,6 +116,35 @@ class Response:
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {len(self.body)} bytes>"
+
+
+#: The header that names the calling actor. The host sets it on every call between actors and
+#: strips every ``x-actorkeep-*`` header from outside requests, so no one can forge it.
+CALLER_HEADER = "x-actorkeep-caller"
+RESERVED_HEADER_PREFIX = "x-actorkeep-"
+
+
+def without_reserved(pairs: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """``pairs`` without the ``x-actorkeep-*`` headers (in any case)."""
+    return ((k, v) for k, v in pairs if not k.lower().startswith(RESERVED_HEADER_PREFIX))
+
+
+def call_headers(caller: str, headers: Mapping[str, str] | None) -> Headers:
+    """The headers of a call from ``caller``: what it passed, without reserved ones, and the
+    caller header."""
+    hdrs = {k.lower(): v for k, v in without_reserved((headers or {}).items())}
+    hdrs[CALLER_HEADER] = caller
+    return Headers._from_lower(hdrs)
+
+
+def parse_query(query_string: str) -> dict[str, str]:
+    """``a=1&b=2`` -> ``{"a": "1", "b": "2"}``; the first value of a repeated key wins."""
+    if not query_string:
+        return {}
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(query_string, keep_blank_values=True):
+        query.setdefault(key, value)
+    return query
 
 
 def error_response(

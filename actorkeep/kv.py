@@ -18,8 +18,7 @@ import trio
 from . import codec
 from .address import check_class_name
 from .calls import decode_reply
-from .errors import ReentryError, RemoteError
-from .http import Headers, Request
+from .errors import RemoteError
 from .kv_wire import (
     PREFIX,
     WIRE_ABSENT,
@@ -28,7 +27,7 @@ from .kv_wire import (
     check_ttl,
     check_value,
 )
-from .runtime.host import CALLER_HEADER, current_actor
+from .runtime.activation import current_actor
 
 __all__ = [
     "ABSENT",
@@ -282,15 +281,8 @@ class Client:
         return await self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
     async def _call_shard(self, address: str, op: str, frame: dict[str, Any]) -> dict[str, Any]:
-        act = current_actor()._ak
-        caller = act.address
-        headers = Headers._from_lower({"content-type": codec.MSGPACK, CALLER_HEADER: caller})
-        request = Request("POST", self._paths[op], {}, headers, codec.pack(frame), caller)
-        chain = act.chain_for_call()
-        if address in chain:
-            raise ReentryError(f"{address} is already in the call chain {' -> '.join(chain)}")
-        resp = await act.host.deliver(
-            self.class_name, address[len(self.class_name) + 1 :], request, chain, self.timeout
+        resp = await current_actor().actors.call(
+            address, "POST", self._paths[op], codec.pack(frame), _HEADERS, self.timeout
         )
         if resp.status == 409:
             err = resp.json()

@@ -25,7 +25,7 @@ from .address import split_address
 from .errors import error_for_status
 from .http import Headers, Request, Response, error_response
 from .routing import route
-from .runtime.host import current_actor
+from .runtime.activation import current_actor
 
 __all__ = [
     "DELIVER_PATH",

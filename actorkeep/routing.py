@@ -132,7 +132,7 @@ class RpcMethod:
 RouteHandler = Callable[..., Awaitable[Any]]
 
 
-class Router:
+class RouteTable:
     """Matches ``(method, path)`` to a handler for one actor class, without an instance."""
 
     def __init__(self, cls: type) -> None:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-
-from .runtime.storage import Database
 
 Params = Sequence[Any] | dict[str, Any]
 _ENDS = frozenset({"COMMIT", "END", "COMMIT TRANSACTION", "END TRANSACTION"})
@@ -31,13 +29,16 @@ class Written:
 
 
 class Sql:
-    """Runs statements on one actor's database. Autocommit unless inside ``transaction()``."""
+    """Runs statements on one actor's database. Autocommit unless inside ``transaction()``.
 
-    __slots__ = ("_conn", "_db")
+    ``sync()`` is the database's: it makes every write committed so far durable.
+    """
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        self._conn = db.conn
+    __slots__ = ("_conn", "_sync")
+
+    def __init__(self, conn: sqlite3.Connection, sync: Callable[[], Awaitable[None]]) -> None:
+        self._conn = conn
+        self._sync = sync
 
     def exec(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
         """Run one statement now. Once it has run to completion its effect survives a crash of
@@ -58,12 +59,12 @@ class Sql:
         cur = conn.execute(sql, params)
         rows = cur.fetchall()  # runs the statement to completion, which commits it
         written = Written(rows, cur.lastrowid, cur.rowcount)
-        await self._db.sync()
+        await self._sync()
         return written
 
     async def sync(self) -> None:
         """Make every earlier write of this actor durable (one fsync for many plain writes)."""
-        await self._db.sync()
+        await self._sync()
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

@@ -92,12 +92,7 @@ class TestHost:
         timeout: float | None = 30.0,
     ) -> Response:
         """A call from the actor ``caller`` (which need not exist) to ``address``."""
-        from .address import split_address
-
-        split_address(caller)
-        return await self.host.call(
-            caller, (caller,), address, method, path, body, headers, timeout
-        )
+        return await self.host.call_as(caller, address, method, path, body, headers, timeout)
 
 
 @contextlib.asynccontextmanager

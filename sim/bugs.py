@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import actorkeep as ak
-from actorkeep.runtime.host import Activation, Host
+from actorkeep.runtime.activation import Activation
+from actorkeep.runtime.alarms import AlarmScheduler
 from shards import KVShard
 
 
@@ -42,26 +43,26 @@ BUGS: dict[str, type[KVShard]] = {
 }
 
 
-class EarlyAlarmHost(Host):
+class EarlyAlarms(AlarmScheduler):
     """Treats an alarm as due up to half a second before its time."""
 
-    def _alarm_horizon(self) -> float:
+    def horizon(self) -> float:
         return self.clock.now() + 0.5
 
 
-class PlainClearHost(Host):
+class PlainClearAlarms(AlarmScheduler):
     """Drops a fired alarm's index entry at once, before the row's deletion is durable: power
     loss can then bring the row back with nothing to wake it (a bug the alarm checker found
     in actorkeep itself)."""
 
-    async def _forget_alarm(self, act: Activation, token: object) -> None:
-        if self._clearing.get(act.address) is token:
-            del self._clearing[act.address]
-            self.alarm_index.remove(act.address)
-        self._alarms_running.discard(act.address)
+    async def forget_cleared(self, act: Activation, token: object) -> None:
+        if self.still_cleared(act.address, token):
+            self.index.remove(act.address)
+        self.cleared(act.address, token)
 
 
-ALARM_BUGS: dict[str, type[Host]] = {
-    "early-alarm": EarlyAlarmHost,
-    "plain-clear": PlainClearHost,
+#: Planted alarm bugs: the scheduler class the host runs with (``Host(alarm_scheduler=...)``).
+ALARM_BUGS: dict[str, type[AlarmScheduler]] = {
+    "early-alarm": EarlyAlarms,
+    "plain-clear": PlainClearAlarms,
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import shards
-from actorkeep.runtime.host import Host
 
 from .alarm_checker import check_alarms
 from .alarm_workload import Recorder, run_alarm_workload
@@ -214,15 +214,11 @@ def run_alarm_seed(
     rng = sub_rng(seed, "alarm-scenario")
     plan = draw_alarm_plan(rng)
     draw = draw_faults(rng, faults)
-    host_options = {"idle_timeout": rng.choice([0.05, 1.0, 30.0])}
+    host_options: dict[str, Any] = {"idle_timeout": rng.choice([0.05, 1.0, 30.0])}
+    if bug is not None:
+        host_options["alarm_scheduler"] = ALARM_BUGS[bug]
     recorder = Recorder()
-    world = World(
-        make_alarm_app(recorder),
-        seed,
-        faults=draw.faults,
-        host_options=host_options,
-        host_class=ALARM_BUGS[bug] if bug is not None else Host,
-    )
+    world = World(make_alarm_app(recorder), seed, faults=draw.faults, host_options=host_options)
     summary: dict[str, object] = {
         "scenario": "alarms",
         "timers": plan.timers,

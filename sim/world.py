@@ -117,10 +117,8 @@ class World:
         faults: Faults | None = None,
         anchor: float = ANCHOR,
         host_options: Mapping[str, Any] | None = None,
-        host_class: type[Host] = Host,
     ) -> None:
         self.app = app
-        self.host_class = host_class
         self.seed = seed
         self.faults = faults if faults is not None else Faults()
         self.clock = Clock(anchor=anchor)
@@ -193,7 +191,7 @@ class World:
         self.incarnations += 1
         n = self.incarnations
         view = self.storage.view()
-        host = self.host_class(
+        host = Host(
             self.app,
             view,
             clock=self.clock,
@@ -335,7 +333,7 @@ class World:
     ) -> Response:
         """An HTTP-shaped call from the actor ``caller`` (which need not exist)."""
         inc = await self.wait_up()
-        return await inc.host.call(caller, (caller,), address, method, path, body, headers, timeout)
+        return await inc.host.call_as(caller, address, method, path, body, headers, timeout)
 
     async def request(
         self,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import actorkeep as ak
-from actorkeep.routing import Router
+from actorkeep.routing import RouteTable
 
 from .conftest import sqlite_files
 
@@ -37,7 +37,7 @@ class Shop(ak.Actor):
 
 
 def test_static_and_param_routes() -> None:
-    r = Router(Shop)
+    r = RouteTable(Shop)
     assert r.match("GET", "/") == (Shop.index, {})
     assert r.match("GET", "/items/42") == (Shop.item, {"item_id": "42"})
     assert r.match("DELETE", "/items/a%20b") == (Shop.item, {"item_id": "a b"})
@@ -49,7 +49,7 @@ def test_static_and_param_routes() -> None:
 
 
 def test_rpc_lookup_and_argument_checks() -> None:
-    r = Router(Shop)
+    r = RouteTable(Shop)
     add = r.rpc_for("POST", "/_rpc/add")
     assert add is not None and add.fn is Shop.add
     assert r.rpc_for("GET", "/_rpc/add") is None
@@ -81,7 +81,7 @@ def test_rpc_positional_only_is_refused() -> None:
             return a
 
     with pytest.raises(TypeError, match="by name"):
-        Router(Bad)
+        RouteTable(Bad)
 
 
 # -- parse: checked before the actor exists --------------------------------------------------

@@ -13,9 +13,12 @@ import math
 import time
 from collections.abc import Callable
 
+import structlog
 import trio
 import trio.testing
 from trio.lowlevel import RunVar
+
+log = structlog.get_logger("actorkeep")
 
 _run_anchor: RunVar[float] = RunVar("actorkeep_epoch_anchor")
 
@@ -82,3 +85,78 @@ class Clock:
             self._anchor = anchor
         else:
             _run_anchor.set(anchor)
+
+
+#: Host time is compared with the wall clock this often (seconds), and acts on a difference
+#: past CLOCK_BOUND (decision 0012); the latest host time is recorded every HIGH_WATER_EVERY.
+CLOCK_CHECK_EVERY = 5.0
+CLOCK_BOUND = 1.0
+HIGH_WATER_EVERY = 60.0
+#: Warnings about a wall clock behind host time repeat this often while it lasts.
+CLOCK_WARN_EVERY = 600.0
+
+
+class WallClockGuard:
+    """Keeps host time following the wall clock forward, never back (decision 0012).
+
+    ``load()`` and ``save(t)`` read and record the latest host time (the host database);
+    ``stepped()`` runs after host time stepped forward (the host wakes its alarm scheduler).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        load: Callable[[], object],
+        save: Callable[[float], None],
+        stepped: Callable[[], None],
+    ) -> None:
+        self.clock = clock
+        self._load = load
+        self._save = save
+        self._stepped = stepped
+
+    def not_before_last_run(self) -> None:
+        """Host time never goes back across a restart: start at the latest time recorded."""
+        high_water = self._load()
+        if not isinstance(high_water, int | float):
+            return
+        behind = high_water - self.clock.now()
+        if behind > 0:
+            log.warning(
+                "the wall clock is behind the last time this host ran: host time starts "
+                "from that time instead, so that nothing moves back",
+                seconds=round(behind, 3),
+            )
+            self.clock.step(behind)
+
+    def record(self) -> None:
+        """Record the latest host time (a plain write)."""
+        try:
+            self._save(self.clock.now())
+        except Exception as exc:
+            log.error("could not record the host time", error=repr(exc))
+
+    async def watch(self) -> None:
+        """Compare the clocks every ``CLOCK_CHECK_EVERY`` seconds until cancelled."""
+        warned = saved = -math.inf
+        while True:
+            await trio.sleep(CLOCK_CHECK_EVERY)
+            offset = self.clock.wall_offset()
+            if offset > CLOCK_BOUND:
+                self.clock.step(offset)
+                log.warning(
+                    "the wall clock jumped ahead of host time: host time steps forward to it "
+                    "(alarms due by then fire, TTLs that ended are over)",
+                    seconds=round(offset, 3),
+                )
+                self._stepped()
+            elif offset < -CLOCK_BOUND and trio.current_time() - warned >= CLOCK_WARN_EVERY:
+                warned = trio.current_time()
+                log.warning(
+                    "the wall clock is behind host time: host time goes on at its own pace and "
+                    "does not step back",
+                    seconds=round(-offset, 3),
+                )
+            if trio.current_time() - saved >= HIGH_WATER_EVERY:
+                saved = trio.current_time()
+                self.record()

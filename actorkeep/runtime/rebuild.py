@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from .alarms import ACTOR_TABLE, AlarmIndex
+from .alarms import AlarmIndex, read_alarm
 from .hostdb import HostDb
 from .registry import Registry
 from .storage import StorageBackend, is_damage, read_address
@@ -35,6 +35,29 @@ class Rebuilt:
     unreadable: int
 
 
+def rebuild_if_needed(
+    storage: StorageBackend,
+    host_db: HostDb,
+    index: AlarmIndex,
+    registry: Registry,
+    now: float,
+    set_aside: bool,
+) -> Rebuilt | None:
+    """Rebuild when the host database was damaged (``set_aside``), is new while actor files
+    exist, or is from before the registry; None when it needed nothing."""
+    if set_aside or (host_db.fresh and storage.has_actors()):
+        if not set_aside:
+            log.warning(
+                "the host database is new but actors exist: rebuilding it from them",
+                file=host_db.where,
+            )
+        return rebuild(storage, host_db, index, registry, now)
+    if registry.new and not host_db.fresh:
+        log.info("registering the actors of a host database from before the registry")
+        return rebuild(storage, host_db, index, registry, now)
+    return None
+
+
 def rebuild(
     storage: StorageBackend, host_db: HostDb, index: AlarmIndex, registry: Registry, now: float
 ) -> Rebuilt:
@@ -54,15 +77,7 @@ def rebuild(
                 db = storage.open_actor(class_name, name, existing=True)
                 try:
                     identity = read_address(db.conn)
-                    has_alarm = db.conn.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (ACTOR_TABLE,),
-                    ).fetchone()
-                    row = (
-                        db.conn.execute(f"SELECT at FROM {ACTOR_TABLE} WHERE id = 0").fetchone()
-                        if has_alarm
-                        else None
-                    )
+                    alarm = read_alarm(db.conn)
                 finally:
                     db.close()
             except Exception as exc:
@@ -81,10 +96,10 @@ def rebuild(
                 )
                 continue
             registry.add(address, identity[1] if identity is not None else now)
-            if row is not None:
+            if alarm is not None:
                 entry = index.get(address)
-                if entry is None or entry > row[0]:
-                    index.put(address, row[0])
+                if entry is None or entry > alarm.at:
+                    index.put(address, alarm.at)
                 alarms += 1
             actors += 1
             if actors % _BATCH == 0:

@@ -9,7 +9,14 @@ operator releases it (``actorkeep quarantine --release``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+import structlog
+
 from .hostdb import HostDb
+from .storage import Database
+
+log = structlog.get_logger("actorkeep")
 
 
 class Registry:
@@ -70,3 +77,54 @@ class Registry:
         with self._host_db.errors():
             rows = self._conn.execute("SELECT address, reason, since FROM quarantine").fetchall()
         return {address: (reason, since) for address, reason, since in rows}
+
+
+class Quarantine:
+    """The actors taken out of service because their storage is damaged: ``address -> why``
+    in memory (checked on every new activation and alarm), kept in the registry."""
+
+    def __init__(self, registry: Registry, now: Callable[[], float]) -> None:
+        self._registry = registry
+        self._now = now
+        self.reasons: dict[str, str] = {a: why for a, (why, _) in registry.quarantined().items()}
+
+    def __contains__(self, address: object) -> bool:
+        return address in self.reasons
+
+    def add(self, address: str, reason: str) -> None:
+        """Quarantine ``address`` (recorded with a plain write; the host syncs it soon)."""
+        self.reasons[address] = reason
+        self._registry.quarantine(address, reason, self._now())
+
+
+class Registrar:
+    """Registers new actors in the background, each once its own database is durable (so
+    power loss cannot leave a registered actor without its file)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        now: Callable[[], float],
+        sync_registry: Callable[[], Awaitable[None]],
+        spawn: Callable[..., None],
+    ) -> None:
+        self._registry = registry
+        self._now = now
+        self._sync_registry = sync_registry
+        self._spawn = spawn
+        self._pending: set[str] = set()
+
+    def soon(self, address: str, db: Database) -> None:
+        if address not in self._pending:
+            self._pending.add(address)
+            self._spawn(self._register, address, db)
+
+    async def _register(self, address: str, db: Database) -> None:
+        try:
+            await db.sync()  # the file and its directory entries survive power loss now
+            self._registry.add(address, self._now())
+            await self._sync_registry()
+        except Exception as exc:  # evicted before its sync: it is registered when next opened
+            log.debug("actor not registered yet", address=address, error=repr(exc))
+        finally:
+            self._pending.discard(address)

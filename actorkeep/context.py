@@ -1,0 +1,60 @@
+"""``ActorContext``: what an actor instance asks of the host that runs it.
+
+``ak.Actor`` and ``self.actors`` are written against this protocol; the runtime's
+``Activation`` implements it. Neither side imports the other's module.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import sqlalchemy
+
+    from .http import Response
+
+
+class ActorContext(Protocol):
+    """One actor's link to its host: its clock, its alarm, its database, its calls."""
+
+    address: str
+
+    def now(self) -> float:
+        """The host clock in epoch seconds."""
+
+    @property
+    def rng(self) -> random.Random:
+        """The host's random number generator."""
+
+    def buggify(self, site: str) -> bool:
+        """Whether the simulator fires the fault at ``site`` now."""
+
+    def sqlalchemy_connection(self) -> sqlalchemy.Connection:
+        """A SQLAlchemy connection on the actor's database."""
+
+    async def set_alarm(self, at: float, *, durable: bool) -> None:
+        """Set the actor's one alarm."""
+
+    def get_alarm(self) -> float | None:
+        """The time the alarm is set for, or None."""
+
+    async def delete_alarm(self) -> None:
+        """Remove the alarm."""
+
+    async def call(
+        self,
+        address: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> Response:
+        """An HTTP-shaped call from this actor to ``address``."""
+
+    async def call_rpc(
+        self, address: str, method: str, args: dict[str, Any], timeout: float | None
+    ) -> Any:
+        """``@rpc method(**args)`` of ``address``, called by this actor."""

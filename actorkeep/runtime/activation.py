@@ -1,0 +1,292 @@
+"""``Activation``: one actor in memory (its database, its inbox of events, its instance).
+
+It is also the actor's ``ActorContext``: what ``ak.Actor`` and ``self.actors`` ask of the
+host goes through it. One worker task of the host runs its events one after another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+from collections import deque
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+from trio.lowlevel import Task
+
+from ..actor import Actor
+from ..app import ActorClass
+from ..calls import ActorsClient
+from ..http import Response
+from ..sql import Sql
+from .alarms import AlarmScheduler, AlarmState, read_alarm
+from .clock import Clock
+from .handoff import Event
+from .registry import Registry
+from .storage import IDENTITY_TABLE, Database, StorageBackend
+
+if TYPE_CHECKING:
+    import sqlalchemy
+
+_current_actor: ContextVar[Actor] = ContextVar("actorkeep_current_actor")
+
+
+def current_actor() -> Actor:
+    """The actor whose event is running in this task (``RuntimeError`` outside an event)."""
+    try:
+        return _current_actor.get()
+    except LookupError:
+        raise RuntimeError("no actor event is running in this task") from None
+
+
+def set_current_actor(inst: Actor) -> Token[Actor]:
+    """Make ``inst`` the current actor of this task (an inline event runs in its caller's
+    task); ``reset_current_actor`` with the token undoes it."""
+    return _current_actor.set(inst)
+
+
+def reset_current_actor(token: Token[Actor]) -> None:
+    _current_actor.reset(token)
+
+
+class ActivationHost(Protocol):
+    """What an activation needs of its host."""
+
+    storage: StorageBackend
+    clock: Clock
+    rng: random.Random
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def alarms(self) -> AlarmScheduler: ...
+
+    def buggify(self, site: str) -> bool: ...
+
+    def register_soon(self, address: str, db: Database) -> None: ...
+
+    async def call(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,
+    ) -> Response: ...
+
+    async def call_rpc(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any: ...
+
+
+class _SharedConnection:
+    """The actor's sqlite3 connection as SQLAlchemy sees it: it never ends a transaction.
+
+    SQLAlchemy calls ``rollback()`` when it first connects and ``commit()``/``rollback()`` on
+    ``Connection.commit()``/``rollback()``; on the shared connection those would end a
+    transaction that ``self.sql.transaction()`` opened. Transactions belong to ``self.sql``.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # the host closes the real connection
+
+
+class Activation:
+    """An actor in memory: database, waiting events, instance and worker task."""
+
+    __slots__ = (
+        "actor_class",
+        "address",
+        "alarm",
+        "alarm_touched",
+        "class_name",
+        "closed",
+        "current",
+        "db",
+        "host",
+        "inbox",
+        "index_durable",
+        "instance",
+        "last_used",
+        "name",
+        "parked",
+        "sa_engine",
+        "sql",
+        "task",
+    )
+
+    def __init__(
+        self, host: ActivationHost, actor_class: ActorClass, address: str, name: str
+    ) -> None:
+        self.host = host
+        self.actor_class = actor_class
+        self.address = address
+        self.class_name = actor_class.name
+        self.name = name
+        self.inbox: deque[Event] = deque()
+        self.task: Task | None = None
+        self.parked = False  # the worker waits for an event
+        self.closed = False  # out of the table: its worker ends after the running event
+        self.current: Event | None = None
+        self.db: Database | None = None
+        self.sql: Sql | None = None
+        self.instance: Actor | None = None
+        self.alarm: AlarmState | None = None
+        self.alarm_touched = False  # the running event set, cleared or deleted the alarm
+        self.index_durable = False  # this address has an index entry that power loss keeps
+        self.sa_engine: sqlalchemy.Engine | None = None
+        self.last_used = trio.current_time()
+
+    # -- database -------------------------------------------------------------------------
+    def open_db(self) -> Database:
+        """Open the actor's database: ``StorageDamaged`` (or a damage error of SQLite's) if it
+        is not what the host knows of it (see registry.py)."""
+        host = self.host
+        registered = host.registry.has(self.address)
+        db = host.storage.open_actor(self.class_name, self.name, existing=registered)
+        try:
+            conn = db.conn
+            if not registered:
+                # The database names its actor, so the host database can be rebuilt from it.
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {IDENTITY_TABLE} (id INTEGER PRIMARY KEY "
+                    "CHECK (id = 0), address TEXT NOT NULL, created_at REAL NOT NULL)"
+                )
+                conn.execute(
+                    f"INSERT OR IGNORE INTO {IDENTITY_TABLE} VALUES (0, ?, ?)",
+                    (self.address, host.clock.now()),
+                )
+            state = read_alarm(conn)
+        except BaseException:
+            db.close()
+            raise
+        self.db = db
+        self.sql = Sql(db.conn, db.sync)
+        if state is not None:
+            host.alarms.opened(self, state)
+        if not registered:
+            host.register_soon(self.address, db)
+        return db
+
+    @property
+    def where(self) -> str | None:
+        """Where the actor's database lives (for logs), if it is open."""
+        return self.db.where if self.db is not None else None
+
+    def rollback(self) -> None:
+        if self.db is not None and self.db.conn.in_transaction:
+            self.db.conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.closed = True
+        self.discard_instance()
+        if self.sa_engine is not None:
+            self.sa_engine.dispose(close=False)
+            self.sa_engine = None
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                self.rollback()
+            self.db.close()
+            self.db = None
+
+    # -- instances ------------------------------------------------------------------------
+    def new_instance(self) -> Actor:
+        inst = self.actor_class.cls()
+        inst.address = self.address
+        inst.class_name = self.class_name
+        inst.name = self.name
+        inst.options = self.actor_class.options
+        assert self.sql is not None
+        inst.sql = self.sql
+        inst.actors = ActorsClient(self)
+        inst._ak = self
+        self.instance = inst
+        _current_actor.set(inst)
+        return inst
+
+    def discard_instance(self) -> None:
+        inst, self.instance = self.instance, None
+        if inst is not None and inst._ak_db is not None:
+            inst._ak_db.close()
+
+    # -- the actor's context (context.ActorContext) ----------------------------------------
+    def now(self) -> float:
+        return self.host.clock.now()
+
+    @property
+    def rng(self) -> random.Random:
+        return self.host.rng
+
+    def buggify(self, site: str) -> bool:
+        return self.host.buggify(site)
+
+    def sqlalchemy_connection(self) -> sqlalchemy.Connection:
+        import sqlalchemy
+        from sqlalchemy.pool import StaticPool
+
+        assert self.db is not None
+        if self.sa_engine is None:
+            shared = _SharedConnection(self.db.conn)
+            self.sa_engine = sqlalchemy.create_engine(
+                "sqlite://", creator=lambda: shared, poolclass=StaticPool, pool_reset_on_return=None
+            )
+        return self.sa_engine.connect()
+
+    async def set_alarm(self, at: float, *, durable: bool) -> None:
+        await self.host.alarms.set(self, at, durable=durable)
+
+    def get_alarm(self) -> float | None:
+        return self.alarm.at if self.alarm is not None else None
+
+    async def delete_alarm(self) -> None:
+        await self.host.alarms.delete(self)
+
+    def chain_for_call(self) -> tuple[str, ...]:
+        """The call chain of a call this actor makes now."""
+        ev = self.current
+        return (*ev.chain, self.address) if ev is not None else (self.address,)
+
+    async def call(
+        self,
+        address: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> Response:
+        chain = self.chain_for_call()
+        return await self.host.call(
+            self.address, chain, address, method, path, body, headers, timeout
+        )
+
+    async def call_rpc(
+        self, address: str, method: str, args: dict[str, Any], timeout: float | None
+    ) -> Any:
+        chain = self.chain_for_call()
+        return await self.host.call_rpc(self.address, chain, address, method, args, timeout)

@@ -1,0 +1,185 @@
+"""Events, and the hand-off between a caller and an actor's worker (decision 0001).
+
+A caller appends an ``Event`` to the actor's inbox and parks (``wait_reply``) until the worker
+hands back the reply with ``trio.lowlevel.reschedule`` (``reply``); a caller that times out or
+is cancelled stops waiting (the event is then *abandoned*: skipped if it has not started), and
+an event that has started keeps running. One task watches every caller's deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Literal
+
+import outcome
+import trio
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
+
+from .. import codec
+from ..errors import CallTimeout
+from ..http import Request, Response
+
+#: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, or the alarm.
+EventKind = Literal["request", "rpc", "alarm"]
+
+
+class Event:
+    """One unit of work for an actor."""
+
+    __slots__ = (
+        "abandoned",
+        "args",
+        "chain",
+        "encoding",
+        "fn",
+        "inline",
+        "kind",
+        "params",
+        "request",
+        "timeout",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        kind: EventKind,
+        fn: Callable[..., Any] | None,
+        request: Request | None,
+        chain: tuple[str, ...],
+        params: dict[str, str] | None = None,
+        args: dict[str, Any] | None = None,
+        encoding: codec.Encoding | None = None,
+        inline: bool = False,
+    ) -> None:
+        self.kind = kind
+        self.fn = fn  # the handler; None for the alarm
+        self.request = request  # None for an @rpc call between actors and the alarm
+        self.chain = chain  # addresses whose events wait on this one, outermost first
+        self.params = params
+        self.args = args  # the arguments of an @rpc call
+        self.encoding = encoding
+        self.inline = inline  # the handler never suspends (routing.never_suspends)
+        self.waiter: Task | None = None
+        self.timeout: float | None = None  # set while the waiter's timeout is registered
+        self.abandoned = False
+
+    @classmethod
+    def alarm(cls) -> Event:
+        return cls("alarm", None, None, ())
+
+    @property
+    def from_outside(self) -> bool:
+        """Whether an outside client sent it (no actor called)."""
+        return self.request is not None and self.request.caller is None
+
+
+def check_timeout(timeout: float | None) -> None:
+    """``ValueError`` unless ``timeout`` is None or a number of seconds >= 0."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, not {timeout!r}")
+
+
+class CallTimeouts:
+    """The deadlines of every waiting caller, watched by one task.
+
+    A cancel scope per call costs more than the rest of a call; instead each waiting event is
+    kept in one ``OrderedDict`` per timeout value. Calls of one timeout value arrive in deadline
+    order, so each dict is sorted by deadline and adding, removing and finding the earliest are
+    O(1).
+    """
+
+    def __init__(self) -> None:
+        self._by_timeout: dict[float, OrderedDict[Event, float]] = {}
+        self._scope: trio.CancelScope | None = None
+
+    def add(self, ev: Event, timeout: float) -> None:
+        deadline = trio.current_time() + timeout
+        pending = self._by_timeout.get(timeout)
+        if pending is None:
+            pending = self._by_timeout[timeout] = OrderedDict()
+        pending[ev] = deadline
+        ev.timeout = timeout
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def discard(self, ev: Event) -> None:
+        timeout = ev.timeout
+        if timeout is not None:
+            ev.timeout = None
+            pending = self._by_timeout[timeout]
+            del pending[ev]
+            if not pending:  # callers may use many timeout values: keep only live ones
+                del self._by_timeout[timeout]
+
+    async def watch(self) -> None:
+        while True:
+            now = trio.current_time()
+            earliest = math.inf
+            for timeout, pending in list(self._by_timeout.items()):
+                while pending:
+                    ev, deadline = next(iter(pending.items()))
+                    if deadline > now:
+                        earliest = min(earliest, deadline)
+                        break
+                    del pending[ev]
+                    ev.timeout = None
+                    waiter = ev.waiter
+                    if waiter is not None:
+                        ev.waiter = None
+                        ev.abandoned = True
+                        reschedule(
+                            waiter, outcome.Error(CallTimeout(f"no answer within {timeout} s"))
+                        )
+                if not pending:
+                    del self._by_timeout[timeout]
+            with trio.CancelScope(deadline=earliest) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+
+    async def wait_reply(self, ev: Event, timeout: float | None) -> Response:
+        """Park until the worker answers ``ev``, ``timeout`` passes (``CallTimeout``) or we are
+        cancelled. In the last two cases the event is abandoned: skipped if not started."""
+        ev.waiter = current_task()
+        if timeout is not None:
+            self.add(ev, timeout)
+
+        def abort(_: Any) -> Abort:
+            ev.waiter = None
+            ev.abandoned = True
+            self.discard(ev)
+            return Abort.SUCCEEDED
+
+        return await wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+
+    def reply(self, ev: Event, result: outcome.Outcome[Response]) -> None:
+        """Hand ``result`` to the caller of ``ev``, if it still waits. An outcome is unwrapped
+        once: give each event its own."""
+        waiter = ev.waiter
+        if waiter is not None:
+            ev.waiter = None
+            self.discard(ev)
+            reschedule(waiter, result)
+
+
+#: What a parked worker is woken with when its actor leaves memory.
+STOP = object()
+
+
+def _abort_park(_: Any) -> Abort:
+    return Abort.SUCCEEDED
+
+
+async def park() -> object:
+    """Park the current task until ``wake``; what it was woken with."""
+    return await wait_task_rescheduled(_abort_park)
+
+
+def wake(task: Task, value: object = None) -> None:
+    """Wake a task parked in ``park`` with ``value``."""
+    reschedule(task, outcome.Value(value))

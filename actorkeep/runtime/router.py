@@ -1,0 +1,84 @@
+"""The router: which host an address lives on, and the way every call and outside request
+reaches it. One host serves every address today (``LocalRouter``); a cluster replaces it."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..http import Request, Response
+
+
+class Target(Protocol):
+    """A host that takes events for the addresses it serves."""
+
+    async def deliver_here(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response: ...
+
+    async def call_rpc_here(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any: ...
+
+
+class Router(Protocol):
+    """Takes a request or an ``@rpc`` call to the host that serves its address."""
+
+    async def deliver(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        """The reply of the actor ``class_name/name`` to ``request``."""
+
+    async def call_rpc(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        """The result of ``@rpc method(**args)`` of ``address``."""
+
+
+class LocalRouter:
+    """Every address lives on this one host."""
+
+    def __init__(self, host: Target) -> None:
+        self.host = host
+
+    async def deliver(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        return await self.host.deliver_here(class_name, name, request, chain, timeout)
+
+    async def call_rpc(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        return await self.host.call_rpc_here(caller, chain, address, method, args, timeout)
