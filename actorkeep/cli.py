@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -12,6 +13,8 @@ import os
 import resource
 import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,18 +165,45 @@ async def serve(
     log.info("stopped")
 
 
-def quarantine(data: Path, release: str | None) -> int:
-    """``actorkeep quarantine``: print the quarantined actors, or release one."""
+@contextlib.contextmanager
+def _offline_host_db(data: Path) -> Iterator[HostDb]:
+    """The host database of a data directory no host is serving (``SystemExit`` otherwise)."""
     if not (data / "host" / "host.sqlite").exists():
-        print(f"actorkeep: no host database in {str(data)!r}", file=sys.stderr)
-        return 1
+        raise SystemExit(f"actorkeep: no host database in {str(data)!r}")
     storage = FileStorage(data)
     try:
         host_db = HostDb(storage.open_host_db())
     except DataDirInUse as exc:
-        print(f"actorkeep: {exc}; stop it first", file=sys.stderr)
-        return 1
+        raise SystemExit(f"actorkeep: {exc}; stop it first") from None
     try:
+        yield host_db
+    finally:
+        host_db.close()
+        storage.close()
+
+
+def clock_command(data: Path, reset: bool) -> int:
+    """``actorkeep clock``: the latest host time recorded, and how it stands to the wall
+    clock; ``--reset`` forgets it."""
+    with _offline_host_db(data) as host_db:
+        latest = host_db.get_meta("clock_high_water")
+        if not isinstance(latest, int | float):
+            print("no host time recorded: the next start follows the wall clock")
+            return 0
+        when = datetime.datetime.fromtimestamp(latest, datetime.UTC).isoformat()
+        ahead = latest - time.time()
+        if reset:
+            host_db.delete_meta("clock_high_water")
+            trio.run(host_db.sync)
+            print(f"forgot the latest host time ({when}): the next start follows the wall clock")
+        else:
+            print(f"latest host time {when}, {ahead:+.1f} s from the wall clock now")
+        return 0
+
+
+def quarantine(data: Path, release: str | None) -> int:
+    """``actorkeep quarantine``: print the quarantined actors, or release one."""
+    with _offline_host_db(data) as host_db:
         registry = Registry(host_db)
         if release is None:
             for address, (reason, since) in sorted(registry.quarantined().items()):
@@ -198,9 +228,6 @@ def quarantine(data: Path, release: str | None) -> int:
         else:
             print(f"released {release}; its next event opens and checks its database again")
         return 0
-    finally:
-        host_db.close()
-        storage.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,9 +292,24 @@ def main(argv: list[str] | None = None) -> None:
         help="take ADDRESS out of quarantine; if its database is missing or empty, forget it "
         "too, so that its next event creates it afresh",
     )
+    c = sub.add_parser(
+        "clock",
+        help="show the latest host time recorded, or forget it",
+        description="Host time never goes back, not even across restarts (decision 0012): "
+        "after the wall clock was wrong ahead, it stays ahead until this forgets it. Works on "
+        "a data directory no host is serving.",
+    )
+    c.add_argument("--data", default="./data", help="data directory (default ./data)")
+    c.add_argument(
+        "--reset",
+        action="store_true",
+        help="forget the latest host time: the next start follows the wall clock",
+    )
     args = parser.parse_args(argv)
     if args.command == "quarantine":
         raise SystemExit(quarantine(Path(args.data).resolve(), args.release))
+    if args.command == "clock":
+        raise SystemExit(clock_command(Path(args.data).resolve(), args.reset))
     configure_logging(args.log_format)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")

@@ -117,20 +117,34 @@ def json_loads(body: bytes | str, max_values: int = MAX_VALUES) -> Any:
 
 def json_loads_counted(body: bytes | str, max_values: int = MAX_VALUES) -> tuple[Any, int]:
     """``json_loads`` and a count of the values, as ``unpack_counted``."""
-    data = body.encode() if isinstance(body, str) else body
-    # Every value but the outermost follows a `[`, `{`, `,` or `:`; commas and colons inside
-    # strings make this an upper bound, counted exactly below only when it is too high.
-    bound = 1 + data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
+    bound = json_values_bound(body.encode() if isinstance(body, str) else body)
     try:
         value = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
-    if bound <= max_values:
+    if bound <= max_values // 16:  # small: the bound is close enough, and cheap
         return value, bound
     count = _count_values(value, max_values)
     if count > max_values:
         raise ValueError(f"more than {max_values} values")
     return value, count
+
+
+def json_values_bound(data: bytes) -> int:
+    """At least as many as the values ``data`` decodes to as JSON: every value but the
+    outermost follows a ``[``, ``{``, ``,`` or ``:`` (those inside strings count too)."""
+    return 1 + data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
+
+
+def decode_cost(body: bytes, content_type: str | None) -> int:
+    """The memory a handler may hold decoding ``body`` (``VALUE_COST`` a value, at most
+    ``MAX_VALUES``), for a JSON or msgpack body; 0 for anything else."""
+    try:
+        encoding = encoding_of(content_type)
+    except ValueError:
+        return 0
+    values = json_values_bound(body) if encoding == "json" else len(body)
+    return min(values, MAX_VALUES) * VALUE_COST
 
 
 def _count_values(value: Any, stop_after: int) -> int:

@@ -110,6 +110,8 @@ class Response:
         headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         body: bytes = b"",
     ) -> None:
+        if not isinstance(body, bytes | bytearray):
+            raise TypeError(f"a Response body is bytes, not {type(body).__name__}")
         self.status = status
         self.headers = headers if isinstance(headers, Headers) else Headers(headers)
         self.body = body

@@ -18,7 +18,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 import h11
 import structlog
@@ -35,9 +35,12 @@ CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 RECEIVE_SIZE = 65536
 #: Seconds a refused or closing connection gets to take its last reply.
 LAST_WORDS = 1.0
-#: An upload that received nothing for this long is stalled: it may be closed to free the
-#: in-flight budget for others.
-STALLED = 1.0
+#: After ``transfer_grace``, every window of this many seconds must bring ``min_rate`` bytes
+#: per second of a body (or the rest of it): a body may not bank a fast start and then trickle.
+RATE_WINDOW = 5.0
+#: When the in-flight budget runs short, uploads slower than this many times ``min_rate`` in
+#: their current window are closed, slowest first, to make room.
+RECLAIM_BELOW = 4.0
 #: At most this many refusals (at the cap) are written at once; beyond, connections are
 #: closed at once.
 MAX_REFUSING = 64
@@ -82,16 +85,37 @@ class ServerLimits:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 
-class _Connection:
-    """One client connection: the cancel scope that closes it, and the bytes of its request
-    body it holds of the host's in-flight budget."""
+#: Where a connection is: new with nothing sent yet, idle between keep-alive requests, part of
+#: a head, part of a body, or with the host (then it is never closed to make room).
+Stage = Literal["fresh", "idle", "head", "body", "busy"]
+#: A new connection gets this long to send its first bytes, and an upload this long to show
+#: its rate, before either may be closed to make room for another connection.
+FRESH_GRACE = 0.5
+JUDGE_AFTER = 0.005
 
-    __slots__ = ("held", "progress", "scope")
+
+class _Connection:
+    """One client connection: the cancel scope that closes it, where it is, and the bytes of
+    its request body it holds of the host's in-flight budget."""
+
+    __slots__ = ("held", "scope", "since", "stage", "window_base", "window_start")
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
+        self.stage: Stage = "fresh"
+        self.since = trio.current_time()  # when it entered its stage
         self.held = 0
-        self.progress = 0.0  # when the last bytes of its body arrived
+        self.window_start = 0.0  # the body's current rate window: when it began,
+        self.window_base = 0  # and how many bytes had arrived then
+
+    def rate(self, now: float) -> float:
+        """Bytes per second of its body in the current window."""
+        return (self.held - self.window_base) / max(now - self.window_start, 0.001)
+
+    def slow(self, now: float, below: float) -> bool:
+        """Whether its body comes slower than ``below`` bytes a second (a body just begun is
+        not judged yet)."""
+        return now - self.window_start >= JUDGE_AFTER and self.rate(now) < below
 
 
 class _Timeout(Exception):
@@ -117,8 +141,14 @@ class HttpServer:
         self.limits = limits or ServerLimits()
         self.draining = False
         self._open: set[_Connection] = set()
-        #: Connections waiting for a request, longest first (dicts keep insertion order).
-        self._waiting: dict[_Connection, None] = {}
+        #: Connections waiting for their client, by stage, longest first (dicts keep insertion
+        #: order): the ones closed to make room.
+        self._waiting: dict[Stage, dict[_Connection, None]] = {
+            "fresh": {},
+            "idle": {},
+            "head": {},
+            "body": {},
+        }
         self._refusing = 0
         self._handling = 0
         self._handled_all = trio.Event()
@@ -152,7 +182,7 @@ class HttpServer:
                     continue
                 conn = _Connection()
                 self._open.add(conn)
-                self._waiting[conn] = None
+                self._waiting["fresh"][conn] = None
                 nursery.start_soon(self._serve_connection, conn, stream)
 
     def _note_accept_error(self, exc: OSError) -> None:
@@ -168,31 +198,67 @@ class HttpServer:
             self._accept_error_logged = now
             self._accept_errors = 0
 
+    def _stage(self, conn: _Connection, stage: Stage) -> None:
+        """Move ``conn`` to ``stage`` (to the end of its line)."""
+        if conn.stage != "busy":
+            self._waiting[conn.stage].pop(conn, None)
+        conn.stage = stage
+        conn.since = trio.current_time()
+        if stage != "busy":
+            self._waiting[stage][conn] = None
+
+    def _close(self, conn: _Connection) -> None:
+        if conn.stage != "busy":
+            self._waiting[conn.stage].pop(conn, None)
+            conn.stage = "busy"
+        conn.scope.cancel()
+        self.shed += 1
+
     def _shed_one(self) -> bool:
-        """Close the connection that has waited longest for its request, if any."""
-        for conn in self._waiting:
-            del self._waiting[conn]
-            conn.scope.cancel()
-            self.shed += 1
+        """Close one connection to make room: the longest-waiting of the idle keep-alive
+        connections, the new ones that sent nothing in ``FRESH_GRACE`` seconds, the half-sent
+        heads and the uploads slower than ``RECLAIM_BELOW`` x ``min_rate``. Only when there is
+        none of those, a new connection still in its grace (a flood of new connections sheds
+        its own), then the slowest upload. Never one whose request is with the host."""
+        now = trio.current_time()
+        fresh, bodies = self._waiting["fresh"], self._waiting["body"]
+        slow = RECLAIM_BELOW * self.limits.min_rate
+        candidates = [
+            next(iter(self._waiting["idle"]), None),
+            next((c for c in fresh if c.since <= now - FRESH_GRACE), None),
+            next(iter(self._waiting["head"]), None),
+            next((c for c in bodies if c.slow(now, slow)), None),
+        ]
+        waiting = [c for c in candidates if c is not None]
+        if waiting:
+            self._close(min(waiting, key=lambda c: c.since))
+            return True
+        if fresh:
+            self._close(next(iter(fresh)))
+            return True
+        if bodies:
+            self._close(min(bodies, key=lambda c: c.rate(now)))
             return True
         return False
 
     def _reclaim(self, needed: int) -> None:
-        """Close stalled uploads (nothing received for ``STALLED`` seconds), those that have
-        waited longest first, until ``needed`` bytes of the in-flight budget are free. Uploads
-        still making progress are kept: when they alone fill the budget, new bodies get 503."""
+        """Close slow uploads (under ``RECLAIM_BELOW`` x ``min_rate`` in their current
+        window), slowest first, until ``needed`` bytes of the in-flight budget are free.
+        Faster uploads are kept: when they alone fill the budget, new bodies get 503."""
         budget = self.host.inflight
-        stalled_since = trio.current_time() - STALLED
-        for conn in list(self._waiting):
+        now = trio.current_time()
+        slow = RECLAIM_BELOW * self.limits.min_rate
+        candidates = sorted(
+            (c for c in self._waiting["body"] if c.held and c.slow(now, slow)),
+            key=lambda c: c.rate(now),
+        )
+        for conn in candidates:
             if needed <= 0:
                 return
-            if conn.held and conn.progress <= stalled_since:
-                del self._waiting[conn]
-                conn.scope.cancel()
-                self.shed += 1
-                budget.give(conn.held)
-                needed -= conn.held
-                conn.held = 0
+            self._close(conn)
+            budget.give(conn.held)
+            needed -= conn.held
+            conn.held = 0
 
     def _refuse(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.refused += 1
@@ -214,9 +280,10 @@ class HttpServer:
     def drain(self) -> None:
         """Stop taking requests: waiting connections close now, the rest after their reply."""
         self.draining = True
-        for conn in self._waiting:
-            conn.scope.cancel()
-        self._waiting.clear()
+        for line in self._waiting.values():
+            for conn in line:
+                conn.scope.cancel()
+            line.clear()
         if self._handling == 0:
             self._handled_all.set()
 
@@ -241,7 +308,8 @@ class HttpServer:
                 await self._answer(h, stream, _internal_error(error_id))
         finally:
             self._open.discard(conn)
-            self._waiting.pop(conn, None)
+            if conn.stage != "busy":
+                self._waiting[conn.stage].pop(conn, None)
             await trio.aclose_forcefully(stream)
 
     async def _requests(self, conn: _Connection, h: h11.Connection, stream: Any) -> None:
@@ -252,7 +320,7 @@ class HttpServer:
         while True:
             try:
                 if event is None:
-                    event = await self._next_event(h, stream, deadline)
+                    event = await self._next_event(h, stream, deadline, conn)
             except _Timeout as exc:
                 if exc.partial:
                     await self._answer(h, stream, _timeout("request head too slow"))
@@ -264,6 +332,7 @@ class HttpServer:
                 return
             assert isinstance(event, h11.Request), event
             request, event = event, None
+            self._stage(conn, "body")
             served += 1
             self._handling += 1
             try:
@@ -283,7 +352,7 @@ class HttpServer:
             if close or h.our_state is h11.MUST_CLOSE or self.draining:
                 return
             h.start_next_cycle()
-            self._waiting[conn] = None
+            self._stage(conn, "idle")
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as exc:
@@ -296,6 +365,7 @@ class HttpServer:
                     h.receive_data(await stream.receive_some(RECEIVE_SIZE))
                 if idle.cancelled_caught:
                     return
+                self._stage(conn, "head")
             deadline = trio.current_time() + limits.header_timeout
 
     async def _handle(
@@ -325,7 +395,7 @@ class HttpServer:
         if length is not None and length > host.max_body:
             raise _Refused(_too_large(host))
         try:
-            body = await self._read_body(conn, h, stream)
+            body = await self._read_body(conn, h, stream, length)
         except _Timeout:
             raise _Refused(_timeout("request body too slow")) from None
         except h11.RemoteProtocolError as exc:
@@ -333,40 +403,60 @@ class HttpServer:
         finally:
             host.inflight.give(conn.held)  # the front takes the whole body's share itself
             conn.held = 0
-        self._waiting.pop(conn, None)
+        self._stage(conn, "busy")
         target = request.target.decode("latin-1")
         path, _, query = target.partition("?")
         return await self.front.handle(request.method.decode("ascii"), path, query, headers, body)
 
-    async def _read_body(self, conn: _Connection, h: h11.Connection, stream: Any) -> bytes:
+    async def _read_body(
+        self, conn: _Connection, h: h11.Connection, stream: Any, length: int | None
+    ) -> bytes:
         """The request body, in time, taking its share of the in-flight budget as it arrives
-        (``conn.held``): a declared length costs nothing until the bytes come."""
+        (``conn.held``): a declared length costs nothing until the bytes come.
+
+        In time: by ``transfer_grace`` seconds, and then in every ``RATE_WINDOW`` seconds, at
+        least ``min_rate`` bytes a second (or all that is left of a declared length) must
+        arrive, so a body cannot bank a fast start and then trickle.
+        """
         limits = self.limits
         host = self.host
         if h.client_is_waiting_for_100_continue:
             continue_ = h11.InformationalResponse(status_code=100, headers=[])
             await self._send_all(stream, h.send(continue_))
-        start = trio.current_time()
         chunks: list[bytes] = []
-        size = 0
+        conn.window_start = trio.current_time()
+        conn.window_base = 0
+        window_end = conn.window_start + limits.transfer_grace
+        need = limits.min_rate * limits.transfer_grace  # in the first window
         while True:
-            deadline = start + limits.transfer_grace + size / limits.min_rate
-            event = await self._next_event(h, stream, deadline)
+            try:
+                event = await self._next_event(h, stream, window_end)
+            except _Timeout:
+                left = need if length is None else min(need, length - conn.held)
+                if conn.held - conn.window_base < left:
+                    raise
+                conn.window_start, conn.window_base = window_end, conn.held
+                window_end += RATE_WINDOW
+                need = limits.min_rate * RATE_WINDOW
+                continue
             if isinstance(event, h11.Data):
-                size += len(event.data)
+                size = conn.held + len(event.data)
                 if size > host.max_body:
                     raise _Refused(_too_large(host))
-                conn.progress = trio.current_time()
                 if not host.inflight.take(len(event.data)):
                     raise _Refused(_NO_MEMORY)
-                conn.held += len(event.data)
+                conn.held = size
                 chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(chunks)
             else:  # ConnectionClosed
                 raise trio.BrokenResourceError("the client left mid-body")
 
-    async def _next_event(self, h: h11.Connection, stream: Any, deadline: float) -> Any:
+    async def _next_event(
+        self, h: h11.Connection, stream: Any, deadline: float, conn: _Connection | None = None
+    ) -> Any:
+        """h11's next event, receiving until ``deadline`` (``_Timeout``). With ``conn``, the
+        first bytes of a request move it to "head"."""
         partial = False
         while True:
             event = h.next_event()
@@ -374,7 +464,10 @@ class HttpServer:
                 return event
             with trio.move_on_at(deadline):
                 data = await stream.receive_some(RECEIVE_SIZE)
-                partial = partial or bool(data)
+                if data and not partial:
+                    partial = True
+                    if conn is not None and conn.stage in ("fresh", "idle"):
+                        self._stage(conn, "head")
                 h.receive_data(data)
                 continue
             raise _Timeout(partial)

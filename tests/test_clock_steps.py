@@ -62,10 +62,12 @@ async def test_a_forward_step_is_followed_at_once(
     with structlog.testing.capture_logs() as logs:
         async with open_host(app, data_dir, clock=Clock(wall=wall)) as host:
             at = await arm(host, "timer/a", 3600)
-            await trio.sleep(60)
+            await trio.sleep(62)  # between two checks (they come every 5 s)
             assert fired == []
             wall.shift += DAY  # someone sets the machine's clock a day ahead
-            await trio.sleep(6)  # the next check, 5 s apart
+            await trio.sleep(6)  # the next check sees it once: not yet followed
+            assert fired == []
+            await trio.sleep(5)  # the one after confirms it
             assert [a for a, _ in fired] == ["timer/a"] and fired[0][1] >= at
             assert abs(host.host.clock.now() - wall()) < 1.0
     (step,) = [e for e in logs if e["event"].startswith("the wall clock jumped ahead")]
@@ -89,6 +91,22 @@ async def test_a_backward_step_never_moves_host_time_back(
             await trio.sleep(1200)
     behind = [e for e in logs if e["event"].startswith("the wall clock is behind host time")]
     assert 2 <= len(behind) <= 3  # at once, then once per 10 minutes: not every 5 s
+
+
+async def test_a_wrong_wall_clock_corrected_within_seconds_moves_nothing(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fired.clear()
+    wall = SteppingWall()
+    async with open_host(app, data_dir, clock=Clock(wall=wall)) as host:
+        await arm(host, "timer/week", 7 * DAY)
+        await trio.sleep(4)
+        wall.shift += 365 * DAY  # a year ahead for a few seconds ...
+        await trio.sleep(3)  # ... seen by one check only
+        wall.shift -= 365 * DAY
+        await trio.sleep(30)
+        assert fired == []
+        assert abs(host.host.clock.now() - wall()) < 1.0
 
 
 def test_a_restart_with_the_wall_clock_behind_starts_where_the_last_run_ended(
@@ -126,3 +144,32 @@ async def test_virtual_time_and_the_simulator_are_not_checked_against_the_wall(
         start = host.host.clock.now()
         await trio.sleep(DAY)
         assert host.host.clock.now() >= start + DAY
+
+
+def test_the_cli_shows_and_forgets_the_latest_host_time(tmp_path: Path) -> None:
+    """After the wall clock was wrong ahead long enough to be followed, host time stays ahead
+    across restarts; ``actorkeep clock --reset`` forgets it."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+
+    async def ahead() -> None:
+        wall = SteppingWall(30 * DAY)
+        async with open_host(app, data, clock=Clock(wall=wall)):
+            await trio.sleep(1)
+
+    trio.run(ahead, clock=trio.testing.MockClock(autojump_threshold=0))
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "actorkeep", "clock", "--data", str(data), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    assert "from the wall clock now" in cli()
+    assert "forgot the latest host time" in cli("--reset")
+    assert cli() == "no host time recorded: the next start follows the wall clock\n"

@@ -353,3 +353,27 @@ async def test_a_host_database_from_before_the_registry_registers_every_actor(
     (rebuilt,) = [e for e in logs if e["event"] == "rebuilt the host database"]
     assert (rebuilt["actors"], rebuilt["alarms"]) == (2, 2)
     assert file_of(data_dir, f"timer/{long_name}").name.endswith("~h.sqlite")
+
+
+async def test_a_lost_host_wal_is_damage_and_the_alarms_come_back_from_the_actors(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """kill -9 leaves host.sqlite's recent writes in its -wal; delete that file and those
+    index entries would be gone without a word. The host sees the -shm's count of frames
+    never copied in, sets the database aside and rebuilds it from the actors' rows."""
+    await fill(data_dir)
+    crashed = data_dir.parent / "crashed"
+    async with open_host(app, data_dir) as host:
+        await rpc(host, "timer/t3", "arm", delay=60)
+        await trio.sleep(1)
+        shutil.copytree(data_dir, crashed)  # what a kill -9 leaves now
+    host_wal = crashed / "host" / "host.sqlite-wal"
+    assert host_wal.exists() and (crashed / "host" / "host.sqlite-shm").exists()
+    host_wal.unlink()
+    (crashed / "host" / "lock").unlink(missing_ok=True)
+    with structlog.testing.capture_logs() as logs:
+        async with open_host(app, crashed) as host:
+            assert host.host.alarm_index.get("timer/t3") is not None
+            await trio.sleep(120)
+            assert "timer/t3" in fired
+    assert any(e["event"].startswith("the host database is damaged") for e in logs)

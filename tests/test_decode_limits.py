@@ -125,3 +125,64 @@ async def test_outside_requests_past_the_in_flight_budget_get_503(
         # Calls between actors are not counted: the budget is for what comes from outside.
         resp = await host.call_as("slow/other", "slow/c", "POST", "/raw", b"x" * (1 << 20))
         assert resp.status == 200 and host.host.inflight.in_use == 0
+
+
+@app.actor("route")
+class RouteSink(ak.Actor):
+    @ak.route("POST", "/hold")
+    async def hold(self, req: ak.Request) -> ak.Response:
+        data = req.json()  # what the budget counted for it is held while this runs
+        await trio.sleep(10)
+        return ak.Response.json(len(data))
+
+    @ak.route("GET", "/text")
+    async def text(self, req: ak.Request) -> ak.Response:
+        return ak.Response(200, {}, "not bytes")  # type: ignore[arg-type]
+
+
+async def test_a_route_body_is_charged_for_what_it_could_decode_to(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    budget = 4 << 20
+    async with ak.testing.open_host(app, data_dir, max_inflight_bytes=budget) as host:
+        body = json.dumps([{}] * 10_000).encode()  # 40 KiB, 10,001 values
+        statuses: list[int] = []
+
+        async def call(i: int) -> None:
+            resp = await host.request("POST", f"/route/r{i}/hold", body=body)
+            statuses.append(resp.status)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(call, i)
+        # Each is charged its body and 64 bytes for each value it could hold: the JSON bound
+        # counts every "[", "{", "," and ":" (20,001 here), 1.3 MiB: three fit in 4 MiB.
+        per = len(body) + codec.decode_cost(body, "application/json")
+        assert per == len(body) + 20_001 * 64 and budget // per == 3
+        assert sorted(statuses) == [200, 200, 200, 503, 503, 503]
+        # A body of another type is not decoded by the host, nor charged for it.
+        resp = await host.request(
+            "POST", "/route/x/hold", body=body, headers={"content-type": "text/plain"}
+        )
+        assert resp.status == 200
+
+
+async def test_a_request_no_budget_could_hold_is_413_not_a_retry(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with ak.testing.open_host(
+        app, data_dir, max_inflight_bytes=1 << 20, max_body=1 << 20
+    ) as host:
+        body = codec.pack({"data": ["x" * 8] * 100_000})  # about 7 MiB once decoded
+        resp = await host.request(
+            "POST", "/slow/s/_rpc/hold", body=body, headers={"content-type": codec.MSGPACK}
+        )
+        assert resp.status == 413 and "more memory" in resp.json()["message"]
+
+
+async def test_a_body_that_is_not_bytes_is_a_failed_event(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with ak.testing.open_host(app, data_dir) as host:
+        resp = await host.request("GET", "/route/a/text")
+        assert resp.status == 500 and "not str" in resp.json()["message"]

@@ -478,38 +478,41 @@ async def test_shutdown_answers_every_request_it_took(data_dir: Path) -> None:
         assert (await again.request("GET", "/counter/s/")).json() == {"n": 0}
 
 
-async def test_a_request_arriving_while_draining_is_refused_not_run(data_dir: Path) -> None:
-    async with serving(data_dir, ServerLimits(graceful_timeout=1.0)) as (server, port):
-        slow = await connect(port)
-        await slow.send_all(rpc_request("/counter/s/_rpc/slow", b'{"seconds": 0.3}'))
-        await trio.sleep(0.1)
-        keep = await connect(port)
-        await keep.send_all(b"GET /_actorkeep/health HTTP/1.1\r\nhost: t\r\n\r\n")
-        await read_replies(keep, 1)
-        server.drain()
-        # Waiting connections are closed; a request that arrives now does not run.
-        assert await read_until_closed(keep, timeout=0.2) == b""
-        late = await connect(port)
-        async with late:
-            await late.send_all(rpc_request("/counter/late/_rpc/incr", b"{}"))
-            (refused,) = await read_replies(late, 1)
-        assert refused.status == 503 and refused.json()["error"] == "HostClosed"
-        assert refused.headers["connection"] == "close"
-        # The request already running is answered, and told the connection closes.
-        (reply,) = await read_replies(slow, 1)
+async def test_at_shutdown_what_has_not_reached_the_host_does_not_run(data_dir: Path) -> None:
+    """A real shutdown (``serve_http``'s ``until``): the running request is answered, with
+    ``connection: close``; a request pipelined behind it and a half-sent head are never run."""
+    limits = ServerLimits(graceful_timeout=2.0)
+    host = ak.Host(app, ak.FileStorage(data_dir))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(serve_http, host, listeners, limits, until=stop.wait))
+        running = await connect(port)
+        await running.send_all(
+            rpc_request("/counter/s/_rpc/slow", b'{"seconds": 0.5}')
+            + rpc_request("/counter/behind/_rpc/incr", b"{}")
+        )
+        half = await connect(port)
+        await half.send_all(b"POST /counter/half/_rpc/incr HTTP/1.1\r\nhost:")
+        await trio.sleep(0.2)
+        stop.set()
+        (reply,) = await read_replies(running, 1)
         assert reply.json() == "done" and reply.headers["connection"] == "close"
-        await slow.aclose()
-        await keep.aclose()
-    assert not any((data_dir / "actors" / "counter").rglob("late*"))
+        assert await read_until_closed(running, timeout=2) == b""
+        assert await read_until_closed(half, timeout=2) == b""
+        await running.aclose()
+        await half.aclose()
+    for name in ("behind", "half"):
+        assert not any((data_dir / "actors" / "counter").rglob(f"{name}.sqlite")), name
 
 
 async def test_stalled_uploads_give_way_to_whole_requests_when_memory_runs_short(
     data_dir: Path,
 ) -> None:
     """Bodies take the in-flight budget as they arrive. Uploads that stall while holding it
-    are closed (longest-waiting first) to make room for a request that arrives whole; uploads
-    still making progress are not, and a request that does not fit then gets 503."""
-    limits = ServerLimits(transfer_grace=30)
+    are closed (slowest first) to make room for a request that arrives whole."""
+    limits = ServerLimits(transfer_grace=1.0)
     async with serving(data_dir, limits, max_body=100_000, max_inflight_bytes=200_000) as (
         server,
         port,
@@ -522,9 +525,10 @@ async def test_stalled_uploads_give_way_to_whole_requests_when_memory_runs_short
                 + b"x" * 90_000
             )
             stalled.append(stream)
+            await trio.sleep(0.05)
         await trio.sleep(0.2)
         assert server.host.inflight.in_use == 180_000
-        await trio.sleep(1.0)  # both stalled now
+        await trio.sleep(1.0)  # past the first window: nothing arrived since
         stream = await connect(port)
         async with stream:
             body = b"y" * 50_000
@@ -533,42 +537,107 @@ async def test_stalled_uploads_give_way_to_whole_requests_when_memory_runs_short
             )
             (reply,) = await read_replies(stream, 1)
         assert reply.status == 200 and reply.body == body
-        # The longest-stalled upload made room; the other is still open.
+        # One stalled upload made room; the other is still open and may finish.
         assert await read_until_closed(stalled[0], timeout=1) == b""
         with trio.move_on_after(0.3) as still_open:
             await stalled[1].receive_some(1)
         assert still_open.cancelled_caught
-        await stalled[1].send_all(b"x" * 10_000)  # finishes its body: answered
+        await stalled[1].send_all(b"x" * 10_000)
         (done,) = await read_replies(stalled[1], 1)
         assert done.status == 200 and len(done.body) == 100_000
         for s in stalled:
             await s.aclose()
 
-        # Uploads making progress are never closed for it: the newcomer gets 503.
-        async def upload(stream: trio.SocketStream, stop: trio.Event) -> None:
-            await stream.send_all(
-                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n"
-            )
-            for _ in range(90):
-                await stream.send_all(b"z" * 1000)
-            while not stop.is_set():
-                await trio.sleep(0.3)
-                await stream.send_all(b"z" * 10)
 
+async def test_fast_uploads_keep_the_budget_and_a_trickle_cannot_bank_a_fast_start(
+    data_dir: Path,
+) -> None:
+    """An upload well above the minimum rate is never closed to make room (a newcomer that
+    does not fit then gets 503); an upload that sends most of its body at once and then
+    trickles is cut off once a rate window brings less than the minimum."""
+    limits = ServerLimits(transfer_grace=1.0, min_rate=4096)
+    async with serving(data_dir, limits, max_body=200_000, max_inflight_bytes=300_000) as (
+        server,
+        port,
+    ):
         stop = trio.Event()
+
+        async def upload(stream: trio.SocketStream) -> None:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 200000\r\n\r\n"
+            )
+            sent = 0
+            while not stop.is_set() and sent < 190_000:
+                await stream.send_all(b"z" * 1000)  # about 200 KB/s
+                sent += 1000
+                await trio.sleep(0.005)
+
         async with trio.open_nursery() as nursery:
             busy = [await connect(port) for _ in range(2)]
-            for s in busy:
-                nursery.start_soon(upload, s, stop)
-            await trio.sleep(1.5)
+            for b in busy:
+                nursery.start_soon(upload, b)
+            await trio.sleep(0.5)
             stream = await connect(port)
             async with stream:
                 await stream.send_all(
-                    b"POST /counter/b/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 50000\r\n\r\n"
-                    + b"y" * 50_000
+                    b"POST /counter/b/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 150000\r\n\r\n"
+                    + b"y" * 150_000
                 )
                 (reply,) = await read_replies(stream, 1)
             assert reply.status == 503 and reply.json()["error"] == "Overloaded"
+            assert server.shed == 0
             stop.set()
-        for s in busy:
+        for b in busy:
+            await b.aclose()
+        # A fast start, then a byte every half second: 408 at the end of the next window.
+        stream = await connect(port)
+        async with stream:
+            await stream.send_all(
+                b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n"
+                + b"x" * 99_000
+            )
+            started = trio.current_time()
+            got = b""
+            with trio.fail_after(10), contextlib.suppress(trio.BrokenResourceError):
+                while not got:
+                    await stream.send_all(b"x")
+                    with trio.move_on_after(0.5):
+                        got = await stream.receive_some(65536)
+            assert got.startswith(b"HTTP/1.1 408 "), got
+            assert trio.current_time() - started < 1.0 + 5.0 + 1.0
+
+
+async def test_a_flood_of_empty_connections_sheds_itself_not_a_client_mid_upload(
+    data_dir: Path,
+) -> None:
+    """At the cap, connections that have sent nothing go first (the flood's own), then half
+    heads, then the slowest upload: a client uploading at a good rate gets its answer."""
+    limits = ServerLimits(max_connections=8, header_timeout=30, transfer_grace=30)
+    async with serving(data_dir, limits, max_body=300_000) as (server, port):
+        stop = trio.Event()
+        opened: list[trio.SocketStream] = []
+
+        async def flood() -> None:
+            while not stop.is_set():
+                opened.append(await connect(port))  # and never send a byte
+                await trio.sleep(0.001)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flood)
+            await trio.sleep(0.2)
+            for _ in range(3):
+                stream = await connect(port)
+                async with stream:
+                    await stream.send_all(
+                        b"POST /counter/a/echo HTTP/1.1\r\nhost: t\r\n"
+                        b"content-length: 262144\r\n\r\n"
+                    )
+                    for _ in range(64):
+                        await stream.send_all(b"u" * 4096)
+                        await trio.sleep(0.005)  # about 800 KB/s
+                    (reply,) = await read_replies(stream, 1)
+                assert reply.status == 200 and len(reply.body) == 262144
+            stop.set()
+        assert server.shed > 20  # the flood's connections, closed to make room
+        for s in opened:
             await s.aclose()

@@ -31,7 +31,7 @@ class ByteBudget:
     def take(self, n: int) -> bool:
         """Reserve ``n`` bytes; False (and nothing reserved) if they do not fit."""
         if n > 0 and self.in_use + n > self.limit:
-            if self.reclaim is not None:
+            if self.reclaim is not None and n <= self.limit:  # room can be made for it
                 self.reclaim(self.in_use + n - self.limit)
             if self.in_use + n > self.limit:
                 self.refused += 1

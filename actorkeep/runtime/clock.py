@@ -137,12 +137,19 @@ class WallClockGuard:
             log.error("could not record the host time", error=repr(exc))
 
     async def watch(self) -> None:
-        """Compare the clocks every ``CLOCK_CHECK_EVERY`` seconds until cancelled."""
+        """Compare the clocks every ``CLOCK_CHECK_EVERY`` seconds until cancelled. A forward
+        step is followed once two checks in a row see it (the same within ``CLOCK_BOUND``),
+        so a wrong wall clock corrected within seconds leaves host time alone."""
         warned = saved = -math.inf
+        ahead: float | None = None  # how far ahead the wall clock was at the last check
         while True:
             await trio.sleep(CLOCK_CHECK_EVERY)
             offset = self.clock.wall_offset()
-            if offset > CLOCK_BOUND:
+            seen, ahead = ahead, (offset if offset > CLOCK_BOUND else None)
+            if ahead is not None and (seen is None or abs(ahead - seen) > CLOCK_BOUND):
+                pass  # first sight of this step: confirm it at the next check
+            elif ahead is not None:
+                ahead = None
                 self.clock.step(offset)
                 log.warning(
                     "the wall clock jumped ahead of host time: host time steps forward to it "

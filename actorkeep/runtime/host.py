@@ -336,8 +336,12 @@ class Host:
             return ev
         if not outside:
             return await self._dispatch(address, actor_class, name, ev, timeout)
-        # From outside: the body and what it decoded to stay in memory until the reply.
+        # From outside: the body and what it decodes to stay in memory until the reply.
         cost = len(request.body) + decoded
+        if cost > self.inflight.limit:
+            return error_response(
+                413, "PayloadTooLarge", "the request needs more memory than this host allows"
+            )
         if not self.inflight.take(cost):
             raise Overloaded("too many request bytes in flight on this host")
         try:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import structlog
 import trio
 
-from ..errors import ActorkeepError
+from ..errors import ActorkeepError, StorageDamaged
 from .storage import Database, StorageBackend, check_database, is_damage
 
 log = structlog.get_logger("actorkeep")
@@ -67,6 +67,13 @@ class HostDb:
             )
         self.wrote()
 
+    def delete_meta(self, key: str) -> bool:
+        """Forget a value; False if there was none."""
+        with self.errors():
+            cur = self.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+        self.wrote()
+        return cur.rowcount > 0
+
     def wrote(self) -> None:
         """Count a write that the next ``sync()`` must cover."""
         self._written += 1
@@ -103,7 +110,7 @@ def open_host_db(storage: StorageBackend) -> tuple[HostDb, str | None]:
     fresh one opened: returns it and where the damaged one went (None if it was sound)."""
     try:
         db = storage.open_host_db()
-    except sqlite3.DatabaseError as exc:  # not even a database: "file is not a database"
+    except (sqlite3.DatabaseError, StorageDamaged) as exc:  # not a database, or a lost WAL
         if not is_damage(exc):
             raise
         problem: str | None = str(exc)

@@ -26,7 +26,7 @@ def event_for(
     error_reply: ErrorReply,
 ) -> tuple[Event | Response, int]:
     """The event for ``request``, or the response that refuses it; and the bytes its decoded
-    arguments hold (for the in-flight budget)."""
+    arguments hold, or a route's handler could hold decoding it (for the in-flight budget)."""
     routes = actor_class.routes
     rpc = routes.rpc_for(request.method, request.path)
     if rpc is not None:
@@ -54,7 +54,11 @@ def event_for(
         if isinstance(parsed, Response):
             return parsed, 0
         request.parsed = parsed
-    return Event("request", fn, request, chain, params, inline=inline), 0
+    ev = Event("request", fn, request, chain, params, inline=inline)
+    if request.caller is not None or not request.body:
+        return ev, 0
+    # A route's handler may decode the body itself (req.json()): count what it could hold.
+    return ev, codec.decode_cost(request.body, request.headers.get("content-type"))
 
 
 def creation_refused(

@@ -300,6 +300,13 @@ class FileStorage:
     def open_host_db(self) -> FileDatabase:
         self._host_db.parent.mkdir(parents=True, exist_ok=True)
         self._lock()  # before the file is touched: it may be set aside and rebuilt
+        lost = lost_wal_frames(self._host_db)
+        if lost:
+            raise StorageDamaged(
+                f"its write-ahead log (-wal) is missing with {lost} frames that were never "
+                "copied into the database",
+                str(self._host_db),
+            )
         return self._open(self._host_db)
 
     def set_aside_host_db(self) -> str:
