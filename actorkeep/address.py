@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -36,6 +37,11 @@ def split_address(address: str) -> tuple[str, str]:
     """Split ``"<class>/<name>"`` into its validated parts, or raise ``ValueError``."""
     if not isinstance(address, str):
         raise ValueError(f"actor address must be a str, not {type(address).__name__}")
+    return _split(str(address))
+
+
+@functools.lru_cache(maxsize=4096)  # the same addresses are called again and again
+def _split(address: str) -> tuple[str, str]:
     class_name, sep, name = address.partition("/")
     if not sep:
         raise ValueError(f"invalid actor address {address!r}: want '<class>/<name>'")

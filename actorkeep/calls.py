@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import codec
@@ -24,7 +24,7 @@ class ActorsClient:
     def __init__(self, ctx: ActorContext) -> None:
         self._ctx = ctx
 
-    async def call(
+    def call(
         self,
         address: str,
         method: str,
@@ -32,7 +32,7 @@ class ActorsClient:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
-    ) -> Response:
+    ) -> Coroutine[Any, Any, Response]:
         """Send an HTTP-shaped request to the actor at ``address`` and return its response.
 
         Raises ``ReentryError`` if ``address`` is already waiting in this call chain,
@@ -40,7 +40,7 @@ class ActorsClient:
         seconds (the callee's event keeps running), and ``ValueError`` for a bad address.
         Any other outcome, errors included, is returned as a ``Response``.
         """
-        return await self._ctx.call(address, method, path, body, headers, timeout)
+        return self._ctx.call(address, method, path, body, headers, timeout)
 
     def ref(self, address: str, timeout: float | None = DEFAULT_TIMEOUT) -> ActorRef:
         """A handle whose attributes call the ``@rpc`` methods of the actor at ``address``."""
@@ -69,8 +69,8 @@ class ActorRef:
         if call is None:
             ctx, address, timeout = self._ctx, self._address, self._timeout
 
-            async def call(**kwargs: Any) -> Any:
-                return await ctx.call_rpc(address, method, kwargs, timeout)
+            def call(**kwargs: Any) -> Coroutine[Any, Any, Any]:
+                return ctx.call_rpc(address, method, kwargs, timeout)
 
             call.__name__ = method
             self._methods[method] = call

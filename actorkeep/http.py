@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from typing import Any, overload
 from urllib.parse import parse_qsl
 
@@ -40,6 +40,13 @@ class Headers(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._map)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._map.get(key.lower(), default)
+
+    def items(self) -> ItemsView[str, str]:
+        """Lower-case names and their values (the map's own view: no copy)."""
+        return self._map.items()
 
     def __repr__(self) -> str:
         return f"Headers({self._map!r})"
@@ -134,7 +141,18 @@ def without_reserved(pairs: Iterable[tuple[str, str]]) -> Iterator[tuple[str, st
 def call_headers(caller: str, headers: Mapping[str, str] | None) -> Headers:
     """The headers of a call from ``caller``: what it passed, without reserved ones, and the
     caller header."""
-    hdrs = {k.lower(): v for k, v in without_reserved((headers or {}).items())}
+    if type(headers) is Headers:  # lower case already: copy unless it holds reserved names
+        hdrs = headers._map.copy()
+        for k in headers._map:
+            if k.startswith(RESERVED_HEADER_PREFIX):
+                del hdrs[k]
+    else:
+        hdrs = {}
+        if headers:
+            for key, value in headers.items():
+                k = key.lower()
+                if not k.startswith(RESERVED_HEADER_PREFIX):
+                    hdrs[k] = value
     hdrs[CALLER_HEADER] = caller
     return Headers._from_lower(hdrs)
 

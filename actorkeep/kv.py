@@ -1,6 +1,7 @@
-"""``ak.kv``: the client of the KV shards (SPEC §7, record 0015).
+"""``ak.kv``: the client of the KV shards (docs/kv.md, docs/reference.md).
 
-Use it inside an actor's event: it calls the shards through the actor whose event is running.
+Use it inside an actor's event: it calls the shards through the actor whose event is running,
+by the actor's own call path (``self.actors.call``), with the frames of ``actorkeep.wire.kv``.
 
     kv = ak.kv.Client("kv", shards=16)
     version = await kv.put("settings/theme", b"dark")
@@ -10,24 +11,18 @@ Use it inside an actor's event: it calls the shards through the actor whose even
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
 
-from . import codec
 from .address import check_class_name
-from .calls import decode_reply
 from .errors import RemoteError
-from .kv_wire import (
-    PREFIX,
-    WIRE_ABSENT,
-    check_key,
-    check_limit,
-    check_ttl,
-    check_value,
-)
 from .runtime.activation import current_actor
+from .wire import MSGPACK_HEADERS, Op
+from .wire import kv as wire
+from .wire.kv import check_key, check_value
 
 __all__ = [
     "ABSENT",
@@ -43,7 +38,6 @@ __all__ = [
 _FNV_OFFSET: Final = 0xCBF29CE484222325
 _FNV_PRIME: Final = 0x100000001B3
 _MASK: Final = (1 << 64) - 1
-_HEADERS: Final = {"content-type": codec.MSGPACK}
 _CACHE_ATTR: Final = "_actorkeep_kv_cache"
 _CACHE_MAX_ENTRIES: Final = 10_000
 
@@ -115,7 +109,7 @@ def _wire_expect(expect: object) -> int | None:
     if expect is ANY:
         return None
     if expect is ABSENT:
-        return WIRE_ABSENT
+        return wire.EXPECT_ABSENT
     if isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
         raise ValueError(
             f"expect must be ak.kv.ANY, ak.kv.ABSENT or a version >= 1, not {expect!r}"
@@ -153,7 +147,6 @@ class Client:
         self.read_cache = read_cache
         self.timeout = timeout
         self._addresses = [f"{class_name}/shard-{i}" for i in range(shards)]
-        self._paths = {op: PREFIX + op for op in ("get", "put", "put-local", "delete", "list")}
 
     def address_of(self, key: bytes | str) -> str:
         """The shard actor that holds ``key``."""
@@ -184,8 +177,8 @@ class Client:
         return await self._get(check_key(key))
 
     async def _get(self, k: bytes) -> Entry | None:
-        reply = await self._call(k, "get", {"k": k})
-        found = reply["e"]
+        reply = await self._call(k, wire.GET, wire.GET.frame(key=k))
+        found = reply["entry"]
         entry = None if found is None else Entry(k, found[0], found[1], _seconds(found[2]))
         self._remember(k, entry)
         return entry
@@ -198,17 +191,13 @@ class Client:
         Asks every shard and merges in key byte order. A short page is not the end; only
         ``cursor is None`` is.
         """
-        frame = {
-            "p": check_key(prefix, "prefix"),
-            "a": None if after is None else check_key(after, "after"),
-            "n": check_limit(limit),
-        }
+        frame = wire.LIST.frame(prefix=prefix, after=after, limit=limit)
         replies: list[dict[str, Any]] = [{} for _ in self._addresses]
         errors: list[Exception] = []
 
         async def ask(i: int, cancel_scope: trio.CancelScope) -> None:
             try:
-                replies[i] = await self._call_shard(self._addresses[i], "list", frame)
+                replies[i] = await self._call_shard(self._addresses[i], wire.LIST, frame)
             except Exception as exc:  # raised below as itself, not in an ExceptionGroup
                 errors.append(exc)
                 cancel_scope.cancel()
@@ -218,7 +207,7 @@ class Client:
                 nursery.start_soon(ask, i, nursery.cancel_scope)
         if errors:
             raise errors[0]
-        rows = [row for reply in replies for row in reply["e"]]
+        rows = [row for reply in replies for row in reply["entries"]]
         rows.sort(key=lambda row: row[0])
         more = len(rows) > limit or any(reply["more"] for reply in replies)
         entries = [Entry(r[0], r[1], r[2], _seconds(r[3])) for r in rows[:limit]]
@@ -235,25 +224,22 @@ class Client:
         """Write with an expectation; ``Conflict`` if it fails (nothing is written)."""
         k = check_key(key)
         v = check_value(value)
-        frame = {
-            "k": k,
-            "v": v,
-            "x": _wire_expect(options.expect),
-            "t": check_ttl(options.ttl),
-            "l": bool(options.local),
-        }
+        ttl, local = options.ttl, bool(options.local)
+        frame = wire.PUT.frame(
+            key=k, value=v, expect=_wire_expect(options.expect), ttl=ttl, local=local
+        )
         try:
-            if frame["l"] and frame["t"] is None:
-                reply = await self._call(k, "put-local", frame)
+            if local and ttl is None:
+                reply = await self._call(k, wire.PUT_LOCAL, frame)
                 if reply.get("slow"):  # the shard must reserve versions durably first
-                    reply = await self._call(k, "put", frame)
+                    reply = await self._call(k, wire.PUT, frame)
             else:
-                reply = await self._call(k, "put", frame)
+                reply = await self._call(k, wire.PUT, frame)
         except Conflict:
             self._forget(k)
             raise
-        version: int = reply["ver"]
-        self._remember(k, Entry(k, v, version, _seconds(reply["exp"])))
+        version: int = reply["version"]
+        self._remember(k, Entry(k, v, version, _seconds(reply["expires_at"])))
         return version
 
     async def compare_and_set(self, key: bytes | str, expect: Expect, value: bytes) -> int:
@@ -268,7 +254,8 @@ class Client:
         """Delete ``key`` if it is as ``expect`` says, else ``Conflict``."""
         k = check_key(key)
         try:
-            reply = await self._call(k, "delete", {"k": k, "x": _wire_expect(expect)})
+            frame = wire.DELETE.frame(key=k, expect=_wire_expect(expect))
+            reply = await self._call(k, wire.DELETE, frame)
         except Conflict:
             self._forget(k)
             raise
@@ -277,18 +264,17 @@ class Client:
         return deleted
 
     # -- plumbing -------------------------------------------------------------------------
-    async def _call(self, key: bytes, op: str, frame: dict[str, Any]) -> dict[str, Any]:
-        return await self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
+    def _call(self, key: bytes, op: Op, frame: bytes) -> Coroutine[Any, Any, dict[str, Any]]:
+        return self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
-    async def _call_shard(self, address: str, op: str, frame: dict[str, Any]) -> dict[str, Any]:
+    async def _call_shard(self, address: str, op: Op, frame: bytes) -> dict[str, Any]:
         resp = await current_actor().actors.call(
-            address, "POST", self._paths[op], codec.pack(frame), _HEADERS, self.timeout
+            address, "POST", op.path, frame, MSGPACK_HEADERS, self.timeout
         )
         if resp.status == 409:
             err = resp.json()
             raise Conflict(str(err["message"]), err["current_version"])
-        reply: dict[str, Any] = decode_reply(resp)
-        return reply
+        return op.result(resp)
 
     def _cache(self) -> OrderedDict[bytes, tuple[Entry | None, float]]:
         caches: dict[str, OrderedDict[bytes, tuple[Entry | None, float]]] = (

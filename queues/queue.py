@@ -18,50 +18,38 @@ dead letter past its retention.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import actorkeep as ak
-from actorkeep import codec
-from actorkeep.errors import CallTimeout, RemoteError
-from actorkeep.http import Headers, error_response
-from actorkeep.queue import (
-    DELIVER_PATH,
-    MAX_BATCH,
+from actorkeep import wire
+from actorkeep.wire import MSGPACK_HEADERS
+from actorkeep.wire.queue import (
+    CONFIG_FIELDS,
+    DELIVER,
     MAX_ERROR,
-    MAX_ID,
-    MSGPACK_HEADERS,
-    PREFIX,
     Ack,
     Config,
     Lease,
     Outcome,
     Retry,
     State,
-    backoff,
-    check_attempt,
-    check_bodies,
-    check_id,
-    check_ids,
-    check_int,
-    check_list,
-    check_map,
-    check_positive_seconds,
-    check_priority,
-    check_seconds,
-    decode_frame,
-    encode_deliver,
     lease_to_wire,
-    outcome_from_wire,
-    parse_reply,
 )
+
+
+def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
+    """Equal-jitter backoff after the ``attempts``-th lease: ``d = min(cap, base * 2**(n-1))``,
+    then ``d/2 + rand * d/2`` with ``rand`` in [0, 1)."""
+    exponent = min(max(attempts, 1) - 1, 1100)  # 2.0**1100 would overflow; the cap applies anyway
+    d = cap if exponent > 1023 else min(cap, base * 2.0**exponent)
+    return d / 2 + rand * (d / 2)
+
 
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
 #: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
 #: a busy or recently busy queue pays one fsync, its insert (decision 0008).
 LINGER = 2.0
-_REPLY_HEADERS = Headers._from_lower(dict(MSGPACK_HEADERS))
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS actorkeep_queue (
@@ -100,16 +88,8 @@ SCHEMA = (
         dead_retention REAL)""",
 )
 
-_CONFIG_COLUMNS = (
-    "consumer, batch_size, visibility, max_attempts, backoff_base, backoff_max, dead_retention"
-)
+_CONFIG_COLUMNS = ", ".join(CONFIG_FIELDS)
 _INSERT_ROW = "(?, ?, ?, ?)"
-
-Op = Callable[["Queue", dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-def _parse(address: str, req: ak.Request, op: str) -> Any:
-    return parse_frame(address, req, op)  # defined below, with the operations it checks
 
 
 class Queue(ak.Actor):
@@ -129,31 +109,28 @@ class Queue(ak.Actor):
         ).fetchone()
         self.cfg = Config(*row) if row is not None else Config()
 
-    # -- the protocol ----------------------------------------------------------------------
+    # -- the protocol: one handler per operation of actorkeep.wire.queue, each given its
+    # checked frame (checked before the queue was opened: a refused frame creates no file)
 
-    @ak.route("POST", PREFIX + "/{op}", parse=_parse)
-    async def frame(self, req: ak.Request, op: str) -> ak.Response:
-        """One operation: a msgpack map in, a msgpack map out. ``parse_frame`` checked the
-        frame before the queue was opened (a refused frame creates no file)."""
-        apply, args = req.parsed
-        reply = await apply(self, args)
-        return ak.Response(200, _REPLY_HEADERS, codec.pack(reply))
-
-    async def _op_send(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.SEND.handler
+    async def op_send(self, a: dict[str, Any]) -> dict[str, Any]:
         return {"ids": await self.send(a["bodies"], a["delay"], a["priority"])}
 
-    async def _op_lease(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.LEASE.handler
+    async def op_lease(self, a: dict[str, Any]) -> dict[str, Any]:
         leases = await self.pull_lease(a["max"], a["visibility"])
         return {"leases": [lease_to_wire(x) for x in leases]}
 
-    async def _op_settle(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.SETTLE.handler
+    async def op_settle(self, a: dict[str, Any]) -> dict[str, Any]:
         outcomes: list[Outcome] = a["outcomes"]
         results, earliest = self.settle(self.now(), outcomes)
         if earliest is not None and self.cfg.consumer is not None:
-            await self._arm_by(earliest)
+            await self.arm_by(earliest)
         return {"results": results}
 
-    async def _op_extend(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.EXTEND.handler
+    async def op_extend(self, a: dict[str, Any]) -> dict[str, Any]:
         i, attempt = a["id"], a["attempt"]
         until = self.now() + a["visibility"]
         cur = self.sql.exec(
@@ -163,16 +140,18 @@ class Queue(ak.Actor):
         )
         ok = cur.rowcount == 1
         if ok and (self.cfg.consumer is not None or attempt >= self.cfg.max_attempts):
-            await self._arm_by(until)
+            await self.arm_by(until)
         return {"ok": ok}
 
-    async def _op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.CANCEL.handler
+    async def op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
         written = await self.sql.exec_durable(
             "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],)
         )
         return {"ok": written.rowcount == 1}
 
-    async def _op_get(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.GET.handler
+    async def op_get(self, a: dict[str, Any]) -> dict[str, Any]:
         i = a["id"]
         now = self.now()
         self.sweep_now(now)
@@ -218,7 +197,8 @@ class Queue(ak.Actor):
             }
         }
 
-    async def _op_stats(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.STATS.handler
+    async def op_stats(self, a: dict[str, Any]) -> dict[str, Any]:
         now = self.now()
         self.sweep_now(now)
         ready, delayed, leased, oldest = self.sql.exec(
@@ -237,7 +217,8 @@ class Queue(ak.Actor):
             "oldest_ready_age": None if oldest is None else max(0.0, now - oldest),
         }
 
-    async def _op_dead_letters(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.DEAD_LETTERS.handler
+    async def op_dead_letters(self, a: dict[str, Any]) -> dict[str, Any]:
         limit, after = a["limit"], a["after"]
         self.sweep_now(self.now())
         rows = self.sql.exec(
@@ -247,7 +228,8 @@ class Queue(ak.Actor):
         ).fetchall()
         return {"items": [list(r) for r in rows]}
 
-    async def _op_redrive(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.REDRIVE.handler
+    async def op_redrive(self, a: dict[str, Any]) -> dict[str, Any]:
         ids: list[int] | None = a["ids"]
         now = self.now()
         self.sweep_now(now)
@@ -261,7 +243,7 @@ class Queue(ak.Actor):
                 f"SELECT 1 FROM actorkeep_queue_dead {where} LIMIT 1", params
             ).fetchone()
         ):
-            await self._arm_by(now)  # before the durable move, for the same reason as send
+            await self.arm_by(now)  # before the durable move, for the same reason as send
         with self.sql.transaction():
             cur = self.sql.exec(
                 "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) "
@@ -274,23 +256,25 @@ class Queue(ak.Actor):
             await self.sql.exec_durable("COMMIT")
         return {"count": count}
 
-    async def _op_configure(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.CONFIGURE.handler
+    async def op_configure(self, a: dict[str, Any]) -> dict[str, Any]:
         cfg: Config = a["config"]
         w = cfg.to_wire()
         # Arm for the new config before storing it, as send does: a crash in between leaves an
         # alarm with nothing to do, never a stored consumer with messages and no alarm.
         due = self.next_due(cfg)
         if due is not None:
-            await self._arm_by(due)
+            await self.arm_by(due)
         await self.sql.exec_durable(
             f"INSERT OR REPLACE INTO actorkeep_queue_config (id, {_CONFIG_COLUMNS}) "
             "VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
-            tuple(w[k] for k in _CONFIG_COLUMNS.split(", ")),
+            tuple(w[k] for k in CONFIG_FIELDS),
         )
         self.cfg = cfg
         return {}
 
-    async def _op_config(self, a: dict[str, Any]) -> dict[str, Any]:
+    @wire.queue.CONFIG.handler
+    async def op_config(self, a: dict[str, Any]) -> dict[str, Any]:
         return {"config": self.cfg.to_wire()}
 
     # -- the operations ----------------------------------------------------------------------
@@ -302,7 +286,7 @@ class Queue(ak.Actor):
         if self.cfg.consumer is not None:
             # Arm before the insert: a crash between the two leaves an alarm with nothing to
             # do, never a message that waits for an alarm that was never set.
-            await self._arm_by(visible_at)
+            await self.arm_by(visible_at)
         params: list[Any] = []
         for body in bodies:
             params += (body, now, visible_at, priority)
@@ -433,7 +417,7 @@ class Queue(ak.Actor):
                 due = expiry if due is None else min(due, expiry)
         return float(due) if due is not None else None
 
-    async def _arm_by(self, at: float) -> None:
+    async def arm_by(self, at: float) -> None:
         """Make sure the alarm fires no later than ``at`` (set it only if that moves it).
 
         Callers arm before their durable write, which then makes a plain alarm durable too.
@@ -457,7 +441,7 @@ class Queue(ak.Actor):
             return
         cfg = self.cfg
         if cfg.consumer is not None or any(x.attempt >= cfg.max_attempts for x in leases):
-            await self._arm_by(self.now() + visibility)
+            await self.arm_by(self.now() + visibility)
 
     # -- push delivery ---------------------------------------------------------------------
 
@@ -487,17 +471,17 @@ class Queue(ak.Actor):
             resp = await self.actors.call(
                 consumer,
                 "POST",
-                DELIVER_PATH,
-                encode_deliver(self.address, leases),
+                DELIVER.path,
+                DELIVER.frame(queue=self.address, messages=[lease_to_wire(x) for x in leases]),
                 headers=MSGPACK_HEADERS,
                 timeout=visibility,
             )
-        except (RemoteError, CallTimeout) as exc:
+        except (ak.RemoteError, ak.CallTimeout) as exc:
             failure = f"delivery to {consumer} failed: {type(exc).__name__}: {exc}"
         else:
             if 200 <= resp.status < 300:
                 try:
-                    outcomes = parse_reply(resp.body)
+                    outcomes = DELIVER.reply(resp.body)["outcomes"]
                 except ValueError as exc:
                     failure = f"delivery to {consumer}: bad reply: {exc}"
                 else:
@@ -513,110 +497,4 @@ class Queue(ak.Actor):
         self.settle(self.now(), retries)
 
 
-def _check_send(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "send", {"bodies", "delay", "priority"}, ("bodies",))
-    return {
-        "bodies": check_bodies(m["bodies"]),
-        "delay": check_seconds(m.get("delay", 0.0), "delay"),
-        "priority": check_priority(m.get("priority", 0)),
-    }
-
-
-def _check_lease(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "lease", {"max", "visibility"}, ("max", "visibility"))
-    return {
-        "max": check_int(m["max"], "max", 1, MAX_BATCH),
-        "visibility": check_positive_seconds(m["visibility"], "visibility"),
-    }
-
-
-def _check_settle(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "settle", {"outcomes"}, ("outcomes",))
-    outcomes = check_list(m["outcomes"], "outcomes", 1, MAX_BATCH)
-    return {"outcomes": [outcome_from_wire(o) for o in outcomes]}
-
-
-def _check_extend(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "extend", {"id", "attempt", "visibility"}, ("id", "attempt", "visibility"))
-    return {
-        "id": check_id(m["id"]),
-        "attempt": check_attempt(m["attempt"]),
-        "visibility": check_positive_seconds(m["visibility"], "visibility"),
-    }
-
-
-def _check_id_only(op: str) -> Callable[[dict[str, Any], str], dict[str, Any]]:
-    def check(m: dict[str, Any], address: str) -> dict[str, Any]:
-        check_map(m, op, {"id"}, ("id",))
-        return {"id": check_id(m["id"])}
-
-    return check
-
-
-def _check_nothing(op: str) -> Callable[[dict[str, Any], str], dict[str, Any]]:
-    def check(m: dict[str, Any], address: str) -> dict[str, Any]:
-        check_map(m, op, set())
-        return {}
-
-    return check
-
-
-def _check_dead_letters(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "dead_letters", {"limit", "after"})
-    after = m.get("after")
-    return {
-        "limit": check_int(m.get("limit", 100), "limit", 1, MAX_BATCH),
-        "after": 0 if after is None else check_int(after, "after", 0, MAX_ID),
-    }
-
-
-def _check_redrive(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "redrive", {"ids"})
-    return {"ids": None if m.get("ids") is None else check_ids(m["ids"])}
-
-
-def _check_configure(m: dict[str, Any], address: str) -> dict[str, Any]:
-    check_map(m, "configure", {"config"}, ("config",))
-    cfg = Config.from_wire(m["config"])
-    if cfg.consumer == address:
-        raise ValueError("a queue cannot be its own consumer")
-    return {"config": cfg}
-
-
-Check = Callable[[dict[str, Any], str], dict[str, Any]]
-
-#: Operation name -> (the pure check of its frame, the method that applies it).
-_OPS: dict[str, tuple[Check, Op]] = {
-    "send": (_check_send, Queue._op_send),
-    "lease": (_check_lease, Queue._op_lease),
-    "settle": (_check_settle, Queue._op_settle),
-    "extend": (_check_extend, Queue._op_extend),
-    "cancel": (_check_id_only("cancel"), Queue._op_cancel),
-    "get": (_check_id_only("get"), Queue._op_get),
-    "stats": (_check_nothing("stats"), Queue._op_stats),
-    "dead_letters": (_check_dead_letters, Queue._op_dead_letters),
-    "redrive": (_check_redrive, Queue._op_redrive),
-    "configure": (_check_configure, Queue._op_configure),
-    "config": (_check_nothing("config"), Queue._op_config),
-}
-
-
-def parse_frame(address: str, req: ak.Request, op: str) -> tuple[Op, dict[str, Any]] | ak.Response:
-    """Check a request before the queue is opened: its caller, its operation and its frame.
-
-    Returns the method to apply and its checked arguments, or the refusal (403, 404; a
-    ``ValueError`` is a 400), so a refused request never creates a queue's file.
-    """
-    if req.caller is None:
-        return error_response(403, "Forbidden", "queues answer only other actors")
-    found = _OPS.get(op)
-    if found is None:
-        return error_response(404, "NotFound", f"no queue operation {op!r}")
-    check, apply = found
-    m = decode_frame(req.body)
-    if not isinstance(m, dict):
-        raise ValueError(f"{op}: the frame must be a map")
-    return apply, check(m, address)
-
-
-__all__ = ["MAX_ATTEMPTS_REASON", "SCHEMA", "Queue"]
+__all__ = ["MAX_ATTEMPTS_REASON", "SCHEMA", "Queue", "backoff"]

@@ -13,43 +13,13 @@ import zlib
 from typing import Any, ClassVar
 
 import actorkeep as ak
-from actorkeep import codec
-from actorkeep.http import error_response
-from actorkeep.kv_wire import MAX_LIMIT, PREFIX, WIRE_ABSENT, decode_frame
+from actorkeep.wire import kv as wire
 
 #: Versions are reserved durably in blocks, so that no version is ever handed out twice, even
 #: when a local write and the counter's update are lost to power loss.
 VERSION_BLOCK = 1000
 #: Expired rows deleted by one alarm event.
 EXPIRY_BATCH = 500
-
-_MSGPACK = ak.Headers({"content-type": codec.MSGPACK})  # shared: Headers are read-only
-
-
-def _reply(obj: Any) -> ak.Response:
-    return ak.Response(200, _MSGPACK, codec.pack(obj))
-
-
-def _parser(op: str) -> Any:
-    """The route's ``parse``: the checked frame of ``op`` (``ValueError`` refuses it with 400
-    before the shard is opened, so a refused frame never creates a shard's file)."""
-
-    def parse(address: str, req: ak.Request) -> dict[str, Any]:
-        return decode_frame(op, req.body)
-
-    return parse
-
-
-def _parse_put_local(address: str, req: ak.Request) -> dict[str, Any]:
-    frame = decode_frame("put", req.body)
-    if not frame["l"] or frame["t"] is not None:
-        raise ValueError("put-local takes local puts without ttl")
-    return frame
-
-
-def _refuse_unknown(address: str, req: ak.Request, op: str) -> ak.Response:
-    return error_response(400, "BadRequest", f"unknown kv operation {op!r}")
-
 
 _ROW_NUMBERS = struct.Struct("<qq")
 _INSERT = (
@@ -111,7 +81,7 @@ class KVShard(ak.Actor):
         version = self._next_version
         if version > self._reserved:
             # Under the simulator, tiny blocks make reservations (and the slow path of
-            # put-local) happen all the time.
+            # put_local) happen all the time.
             block = 2 if self.buggify("kv.short-reservation") else VERSION_BLOCK
             reserved = version + block - 1
             await self.sql.exec_durable(
@@ -131,17 +101,23 @@ class KVShard(ak.Actor):
         if row is None:
             return None
         version, value, expires_at, stored = row
-        _checked(key, value, version, expires_at, stored)
+        if stored is not None and stored != zlib.crc32(
+            _ROW_NUMBERS.pack(version, -1 if expires_at is None else expires_at),
+            zlib.crc32(value, zlib.crc32(key)),
+        ):
+            _checked(key, value, version, expires_at, stored)  # raises
         if expires_at is not None and expires_at <= now_ms:
             return None  # an expired row reads as absent everywhere
         return version, value, expires_at
 
     @staticmethod
-    def _conflict(expect: int | None, live: int | None) -> ak.Response | None:
-        if expect is None or (live is None if expect == WIRE_ABSENT else live == expect):
+    def conflict(expect: int | None, live: int | None) -> ak.Response | None:
+        """The 409 when the expectation ``expect`` (wire form) does not hold for the live
+        version ``live``; None when it holds."""
+        if expect is None or (live is None if expect == wire.EXPECT_ABSENT else live == expect):
             return None
-        want = "absent" if expect == WIRE_ABSENT else f"version {expect}"
-        resp = ak.Response.json(
+        want = "absent" if expect == wire.EXPECT_ABSENT else f"version {expect}"
+        return ak.Response.json(
             {
                 "error": "Conflict",
                 "message": f"expected {want}, found {'absent' if live is None else live}",
@@ -149,93 +125,23 @@ class KVShard(ak.Actor):
             },
             status=409,
         )
-        return resp
 
-    # One route per operation: reads have no await, so the host can run them in the caller's
-    # task when the shard is idle (decision 0001); writes may wait for an fsync.
-    @ak.route("POST", PREFIX + "get", parse=_parser("get"))
-    async def get(self, req: ak.Request) -> ak.Response:
-        return self._get(req.parsed)
-
-    @ak.route("POST", PREFIX + "list", parse=_parser("list"))
-    async def list(self, req: ak.Request) -> ak.Response:
-        return self._list(req.parsed)
-
-    @ak.route("POST", PREFIX + "put", parse=_parser("put"))
-    async def put(self, req: ak.Request) -> ak.Response:
-        return await self._put(req.parsed)
-
-    @ak.route("POST", PREFIX + "put-local", parse=_parse_put_local)
-    async def put_local(self, req: ak.Request) -> ak.Response:
-        """A local put without TTL, answered without waiting for storage (no await, so the host
-        may run it in the caller's task). When the versions reserved durably are used up it
-        answers ``{"slow": true}`` and the client sends the same frame to ``put``."""
-        frame: dict[str, Any] = req.parsed
-        if self._next_version > self._reserved:
-            return _reply({"slow": True})
-        if frame["x"] is not None:
-            live = self._live(frame["k"], self._now_ms())
-            refused = self._conflict(frame["x"], live[0] if live else None)
-            if refused is not None:
-                return refused
-        version = self._next_version
-        self._next_version = version + 1
-        key, value = frame["k"], frame["v"]
-        self.sql.exec(_INSERT, (key, value, version, None, row_sum(key, value, version, None)))
-        return _reply({"ver": version, "exp": None})
-
-    @ak.route("POST", PREFIX + "delete", parse=_parser("delete"))
-    async def delete(self, req: ak.Request) -> ak.Response:
-        return await self._delete(req.parsed)
-
-    @ak.route("POST", PREFIX + "{op}", parse=_refuse_unknown)
-    async def unknown(self, req: ak.Request, op: str) -> ak.Response:
-        return _refuse_unknown(self.address, req, op)  # its parse answers first
-
-    def _get(self, frame: dict[str, Any]) -> ak.Response:
-        live = self._live(frame["k"], self._now_ms())
+    # One handler per operation (actorkeep.wire.kv). Reads are plain functions, so the host
+    # can run them in the caller's task when the shard is idle (decision 0001); writes may
+    # wait for an fsync.
+    @wire.GET.handler
+    def get(self, frame: dict[str, Any]) -> dict[str, Any]:
+        live = self._live(frame["key"], self._now_ms())
         if live is None:
-            return _reply({"e": None})
+            return {"entry": None}
         version, value, expires_at = live
-        return _reply({"e": [value, version, expires_at]})
+        return {"entry": [value, version, expires_at]}
 
-    async def _put(self, frame: dict[str, Any]) -> ak.Response:
-        key: bytes = frame["k"]
-        now_ms = self._now_ms()
-        if frame["x"] is not None:  # an expectation: check it against the live version
-            live = self._live(key, now_ms)
-            refused = self._conflict(frame["x"], live[0] if live else None)
-            if refused is not None:
-                return refused
-        version = await self._new_version()
-        ttl: float | None = frame["t"]
-        expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
-        value = frame["v"]
-        params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
-        if frame["l"]:
-            self.sql.exec(_INSERT, params)
-        else:
-            await self.sql.exec_durable(_INSERT, params)
-        if expires_at is not None:
-            await self._arm_expiry(expires_at)
-        return _reply({"ver": version, "exp": expires_at})
-
-    async def _delete(self, frame: dict[str, Any]) -> ak.Response:
-        key: bytes = frame["k"]
-        live = self._live(key, self._now_ms())
-        refused = self._conflict(frame["x"], live[0] if live else None)
-        if refused is not None:
-            return refused
-        if live is None:
-            self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,))  # an expired row
-            return _reply({"deleted": False})
-        await self.sql.exec_durable("DELETE FROM actorkeep_kv WHERE key = ?", (key,))
-        return _reply({"deleted": True})
-
-    def _list(self, frame: dict[str, Any]) -> ak.Response:
-        prefix: bytes = frame["p"]
-        after: bytes | None = frame["a"]
-        limit: int = frame["n"]
+    @wire.LIST.handler
+    def list(self, frame: dict[str, Any]) -> dict[str, Any]:
+        prefix: bytes = frame["prefix"]
+        after: bytes | None = frame["after"]
+        limit: int = frame["limit"]
         clauses = ["(expires_at IS NULL OR expires_at > ?)", "key >= ?"]
         params: list[Any] = [self._now_ms(), prefix]
         end = prefix_end(prefix)
@@ -245,7 +151,7 @@ class KVShard(ak.Actor):
         if after is not None:
             clauses.append("key > ?")
             params.append(after)
-        params.append(min(limit, MAX_LIMIT) + 1)
+        params.append(min(limit, wire.MAX_LIMIT) + 1)
         rows = self.sql.exec(
             "SELECT key, value, version, expires_at, sum FROM actorkeep_kv WHERE "
             + " AND ".join(clauses)
@@ -262,7 +168,65 @@ class KVShard(ak.Actor):
             ):
                 _checked(key, value, version, expires_at, stored)  # raises
             entries.append([key, value, version, expires_at])
-        return _reply({"e": entries, "more": more})
+        return {"entries": entries, "more": more}
+
+    @wire.PUT.handler
+    async def put(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        return await self.write(frame)
+
+    @wire.PUT_LOCAL.handler
+    def put_local(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        """A local put without TTL, answered without waiting for storage. When the versions
+        reserved durably are used up it answers ``{"slow": true}`` and the client sends the
+        same frame to ``put``."""
+        if self._next_version > self._reserved:
+            return {"slow": True}
+        if frame["expect"] is not None:
+            live = self._live(frame["key"], self._now_ms())
+            refused = self.conflict(frame["expect"], live[0] if live else None)
+            if refused is not None:
+                return refused
+        version = self._next_version
+        self._next_version = version + 1
+        key, value = frame["key"], frame["value"]
+        self.sql.exec(_INSERT, (key, value, version, None, row_sum(key, value, version, None)))
+        return {"version": version, "expires_at": None}
+
+    @wire.DELETE.handler
+    async def delete(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        key: bytes = frame["key"]
+        live = self._live(key, self._now_ms())
+        refused = self.conflict(frame["expect"], live[0] if live else None)
+        if refused is not None:
+            return refused
+        if live is None:
+            self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,))  # an expired row
+            return {"deleted": False}
+        await self.sql.exec_durable("DELETE FROM actorkeep_kv WHERE key = ?", (key,))
+        return {"deleted": True}
+
+    async def write(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        """A put: check the expectation, take the next version, write (durably unless
+        ``local``), arm the expiry alarm."""
+        key: bytes = frame["key"]
+        now_ms = self._now_ms()
+        if frame["expect"] is not None:  # an expectation: check it against the live version
+            live = self._live(key, now_ms)
+            refused = self.conflict(frame["expect"], live[0] if live else None)
+            if refused is not None:
+                return refused
+        version = await self._new_version()
+        ttl: float | None = frame["ttl"]
+        expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
+        value = frame["value"]
+        params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
+        if frame["local"]:
+            self.sql.exec(_INSERT, params)
+        else:
+            await self.sql.exec_durable(_INSERT, params)
+        if expires_at is not None:
+            await self._arm_expiry(expires_at)
+        return {"version": version, "expires_at": expires_at}
 
     async def _arm_expiry(self, expires_at_ms: int) -> None:
         # One millisecond late, so that floor(now * 1000) >= expires_at when it fires.

@@ -25,15 +25,15 @@ class BlindCasShard(KVShard):
     """Answers every compare-and-set as if its expectation held."""
 
     @staticmethod
-    def _conflict(expect: int | None, live: int | None) -> ak.Response | None:
+    def conflict(expect: int | None, live: int | None) -> ak.Response | None:
         return None
 
 
 class LazyDurableShard(KVShard):
     """Acknowledges durable puts after a plain write: power loss can drop them."""
 
-    async def _put(self, frame: dict[str, Any]) -> ak.Response:
-        return await super()._put({**frame, "l": True})
+    async def write(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        return await super().write({**frame, "local": True})
 
 
 BUGS: dict[str, type[KVShard]] = {

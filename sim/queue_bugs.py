@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from actorkeep.queue import Lease, Outcome
+from actorkeep.wire.queue import Lease, Outcome
 from queues import Queue
 
 
@@ -29,7 +29,7 @@ class LazySendQueue(Queue):
     async def send(self, bodies: list[bytes], delay: float, priority: int) -> list[int]:
         now = self.now()
         if self.cfg.consumer is not None:
-            await self._arm_by(now + delay)
+            await self.arm_by(now + delay)
         cur = self.sql.exec(
             "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) VALUES "
             + ",".join(["(?, ?, ?, ?)"] * len(bodies))

@@ -26,7 +26,8 @@ import trio
 
 import actorkeep as ak
 import queues
-from actorkeep.queue import Ack, Config, Lease, Outcome, Retry, RetryLater
+from actorkeep.queue import Ack, Config, Lease, Retry, RetryLater
+from actorkeep.wire.queue import Outcome
 
 from .history import Op, Status
 from .kv_workload import timed_faults

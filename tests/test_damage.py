@@ -122,9 +122,9 @@ async def test_a_shard_whose_file_vanished_is_quarantined_not_restarted_at_versi
             version = await rpc(host, "user/u", "put", key="b", value="three")
             assert isinstance(version, int) and version > 1
             # Callers get Quarantined (503), without the file's path.
-            frame = ak.codec.pack({"k": b"a"})
+            frame = ak.codec.pack({"key": b"a"})
             with pytest.raises(ak.Quarantined) as refused:
-                await host.call_as("user/u", shard_of("a"), "POST", "/actorkeep-kv/v1/get", frame)
+                await host.call_as("user/u", shard_of("a"), "POST", "/actorkeep-kv/v2/get", frame)
             assert refused.value.status == 503 and str(data_dir) not in refused.value.message
     (line,) = [e for e in logs if e["event"] == "actor quarantined: its storage is damaged"]
     assert line["file"] == str(path) and line["address"] == shard_of("a")

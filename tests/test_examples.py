@@ -54,7 +54,7 @@ async def test_jobs(data_dir: Path, autojump_clock: trio.testing.MockClock) -> N
         # Deliveries, the KV and the queues refuse outside requests.
         for path in (
             "/deliverer/main/actorkeep-queue/v1/deliver",
-            "/kv/shard-0/actorkeep-kv/v1/get",
+            "/kv/shard-0/actorkeep-kv/v2/get",
             "/queue/webhooks/actorkeep-queue/v1/stats",
         ):
             assert (await host.request("POST", path)).status == 403

@@ -101,15 +101,15 @@ async def test_rpc_arguments_cannot_bind_self(
 async def test_huge_ttl_is_refused_before_any_call(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from actorkeep.kv_wire import MAX_TTL, check_ttl
+    from actorkeep.wire.kv import MAX_TTL, check_ttl
 
     assert check_ttl(MAX_TTL) == MAX_TTL
     for bad in (MAX_TTL + 1, 1e16, 1e300):
         with pytest.raises(ValueError, match="at most"):
             check_ttl(bad)
     async with open_host(app, data_dir) as host:
-        frame = msgpack.packb({"k": b"a", "v": b"x", "t": 1e16})
-        resp = await host.call_as("doc/a", "kv/shard-0", "POST", "/actorkeep-kv/v1/put", frame,
+        frame = msgpack.packb({"key": b"a", "value": b"x", "ttl": 1e16})
+        resp = await host.call_as("doc/a", "kv/shard-0", "POST", "/actorkeep-kv/v2/put", frame,
                                   {"content-type": "application/msgpack"})  # fmt: skip
         assert resp.status == 400
 

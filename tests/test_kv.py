@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import actorkeep as ak
-from actorkeep.kv_wire import decode_frame
 from actorkeep.testing import open_host
+from actorkeep.wire import kv as kv_wire
 from shards.kv import EXPIRY_BATCH, VERSION_BLOCK, prefix_end
 
 from .conftest import sqlite_files
@@ -262,10 +262,10 @@ async def test_outside_requests_are_refused_without_files(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_host(make_app(), data_dir) as host:
-        frame = msgpack.packb({"k": b"a"})
+        frame = msgpack.packb({"key": b"a"})
         resp = await host.request(
             "POST",
-            "/kv/shard-0/actorkeep-kv/v1/get",
+            "/kv/shard-0/actorkeep-kv/v2/get",
             body=frame,
             headers={"content-type": "application/msgpack", "x-actorkeep-caller": "user/u"},
         )
@@ -285,8 +285,8 @@ async def test_allow_narrows_callers(
             "jobs/j",
             "kv/shard-0",
             "POST",
-            "/actorkeep-kv/v1/get",
-            msgpack.packb({"k": b"a"}),
+            "/actorkeep-kv/v2/get",
+            msgpack.packb({"key": b"a"}),
             {"content-type": "application/msgpack"},
         )
         assert ok.status == 200
@@ -336,7 +336,8 @@ async def test_client_refuses_bad_input_before_any_call(
         assert all("must" in m or "limit" in m for m in resp.json())
 
 
-GOOD_GET = msgpack.packb({"k": b"a"})
+GOOD_GET = msgpack.packb({"key": b"a"})
+MSGPACK_CT = {"content-type": "application/msgpack"}
 
 
 async def test_malformed_frames_are_400_and_write_nothing(
@@ -346,15 +347,14 @@ async def test_malformed_frames_are_400_and_write_nothing(
         ("get", b"\xc1"),
         ("get", msgpack.packb([1, 2])),
         ("get", msgpack.packb({})),
-        ("get", msgpack.packb({"k": 5})),
-        ("put", msgpack.packb({"k": b"a"})),
-        ("put", msgpack.packb({"k": b"a", "v": "text"})),
-        ("put", msgpack.packb({"k": b"a", "v": b"x", "x": -1})),
-        ("put", msgpack.packb({"k": b"a", "v": b"x", "t": 0})),
-        ("put", msgpack.packb({"k": b"a", "v": b"x", "l": 1})),
-        ("put", msgpack.packb({"k": b"a", "v": b"x", "zz": 1})),
-        ("list", msgpack.packb({"n": 5000})),
-        ("nope", msgpack.packb({"k": b"a"})),
+        ("get", msgpack.packb({"key": 5})),
+        ("put", msgpack.packb({"key": b"a"})),
+        ("put", msgpack.packb({"key": b"a", "value": "text"})),
+        ("put", msgpack.packb({"key": b"a", "value": b"x", "expect": -1})),
+        ("put", msgpack.packb({"key": b"a", "value": b"x", "ttl": 0})),
+        ("put", msgpack.packb({"key": b"a", "value": b"x", "local": 1})),
+        ("put", msgpack.packb({"key": b"a", "value": b"x", "zz": 1})),
+        ("list", msgpack.packb({"limit": 5000})),
     ]
     async with open_host(make_app(), data_dir) as host:
         for op, body in bad_frames:
@@ -362,25 +362,30 @@ async def test_malformed_frames_are_400_and_write_nothing(
                 "user/u",
                 "kv/shard-0",
                 "POST",
-                f"/actorkeep-kv/v1/{op}",
+                f"/actorkeep-kv/v2/{op}",
                 body,
                 {"content-type": "application/msgpack"},
             )
             assert resp.status == 400, (op, body)
             assert resp.json()["error"] == "BadRequest"
+        # An operation the protocol does not have: no such route.
+        resp = await host.call_as(
+            "user/u", "kv/shard-0", "POST", "/actorkeep-kv/v2/nope", GOOD_GET, MSGPACK_CT
+        )
+        assert resp.status == 404
         # Refused before the shard was opened: not even its file exists.
         assert sqlite_files(data_dir) == []
-        await host.call_as("user/u", "kv/shard-0", "POST", "/actorkeep-kv/v1/get", GOOD_GET)
+        await host.call_as("user/u", "kv/shard-0", "POST", "/actorkeep-kv/v2/get", GOOD_GET)
         (db,) = sqlite_files(data_dir)
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT count(*) FROM actorkeep_kv").fetchone()[0] == 0
             assert conn.execute("SELECT seq FROM actorkeep_kv_meta").fetchone()[0] == 0
 
 
-@given(st.sampled_from(["get", "put", "delete", "list", "x"]), st.binary(max_size=64))
+@given(st.sampled_from(["get", "put", "delete", "list", "put_local"]), st.binary(max_size=64))
 def test_frame_decoder_never_fails_otherwise(op: str, body: bytes) -> None:
     try:
-        frame = decode_frame(op, body)
+        frame = kv_wire.KV.ops[op].decode(body)
     except ValueError:
         return
     assert isinstance(frame, dict)
@@ -389,7 +394,9 @@ def test_frame_decoder_never_fails_otherwise(op: str, body: bytes) -> None:
 @given(
     st.sampled_from(["get", "put", "delete", "list"]),
     st.dictionaries(
-        st.sampled_from(["k", "v", "x", "t", "l", "p", "a", "n", "zz"]),
+        st.sampled_from(
+            ["key", "value", "expect", "ttl", "local", "prefix", "after", "limit", "zz"]
+        ),
         st.one_of(
             st.none(),
             st.booleans(),
@@ -403,16 +410,16 @@ def test_frame_decoder_never_fails_otherwise(op: str, body: bytes) -> None:
 )
 def test_frame_decoder_checks_every_field(op: str, fields: dict[str, Any]) -> None:
     try:
-        frame = decode_frame(op, msgpack.packb(fields))
+        frame = kv_wire.KV.ops[op].decode(msgpack.packb(fields))
     except ValueError:
         return
-    if "k" in frame:
-        assert isinstance(frame["k"], bytes) and len(frame["k"]) <= 2048
-    if "v" in frame:
-        assert isinstance(frame["v"], bytes)
-    if frame.get("t") is not None:
-        assert frame["t"] > 0
-    if frame.get("x") is not None:
-        assert isinstance(frame["x"], int) and frame["x"] >= 0
-    if "n" in frame:
-        assert 1 <= frame["n"] <= 1000
+    if "key" in frame:
+        assert isinstance(frame["key"], bytes) and len(frame["key"]) <= 2048
+    if "value" in frame:
+        assert isinstance(frame["value"], bytes)
+    if frame.get("ttl") is not None:
+        assert frame["ttl"] > 0
+    if frame.get("expect") is not None:
+        assert isinstance(frame["expect"], int) and frame["expect"] >= 0
+    if "limit" in frame:
+        assert 1 <= frame["limit"] <= 1000

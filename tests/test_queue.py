@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.queue import Ack, Config, Retry, backoff
+from actorkeep.queue import Ack, Config, Retry
 from actorkeep.testing import open_host
+from queues.queue import backoff
 from tests.queue_support import Remote, alarm_of, app, deliveries, now, queue_file, table_rows
 
 

@@ -4,6 +4,7 @@ and nothing written either way. The frame decoder is fuzzed with hypothesis."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -16,9 +17,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorkeep import codec, queue
+from actorkeep import codec, wire
 from actorkeep.queue import Ack, Retry, RetryLater
 from actorkeep.testing import open_host
+from actorkeep.wire import queue
 from tests.queue_support import Remote, app, queue_file, raw, table_rows
 
 BAD_SECONDS = [-1, -0.001, math.nan, math.inf, -math.inf, "1", None, True, 2e9]
@@ -203,17 +205,19 @@ def _only_value_errors(fn: Callable[[], object]) -> None:
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=200))
 def test_decoders_survive_random_bytes(data: bytes) -> None:
-    _only_value_errors(lambda: queue.decode_frame(data))
-    _only_value_errors(lambda: queue.decode_deliver(data))
-    _only_value_errors(lambda: queue.parse_reply(data))
+    _only_value_errors(lambda: wire.decode(data, "frame"))
+    for op in queue.QUEUE.ops.values():
+        _only_value_errors(functools.partial(op.decode, data, "queue/q"))
+        _only_value_errors(functools.partial(op.reply, data))
 
 
 @settings(max_examples=400, deadline=None)
 @given(_frames, _values)
 def test_decoders_survive_random_frames(frame: dict[str, Any], value: Any) -> None:
     body = codec.pack(frame)
-    _only_value_errors(lambda: queue.decode_deliver(body))
-    _only_value_errors(lambda: queue.parse_reply(body))
+    for op in queue.QUEUE.ops.values():
+        _only_value_errors(functools.partial(op.decode, body, "queue/q"))
+        _only_value_errors(functools.partial(op.reply, body))
     _only_value_errors(lambda: queue.outcome_from_wire(frame))
     _only_value_errors(lambda: queue.outcome_from_wire(value))
     _only_value_errors(lambda: queue.lease_from_wire(value))
@@ -246,7 +250,7 @@ def test_the_queue_answers_random_frames_with_a_status(op: str, frame: dict[str,
 
 
 def test_spans_too_short_to_move_the_clock_are_refused() -> None:
-    from actorkeep.queue import MIN_SPAN, check_positive_seconds
+    from actorkeep.wire.queue import MIN_SPAN, check_positive_seconds
 
     assert check_positive_seconds(MIN_SPAN, "visibility") == MIN_SPAN
     for tiny in (1e-320, 1e-9, 0.0009):

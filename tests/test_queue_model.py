@@ -17,8 +17,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorkeep.queue import Config, backoff
+from actorkeep.queue import Config
 from actorkeep.testing import open_host
+from queues.queue import backoff
 from tests.queue_support import Remote, app, now, queue_file
 
 MAX_ATTEMPTS = 3

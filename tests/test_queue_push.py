@@ -11,8 +11,9 @@ import trio.testing
 
 import actorkeep as ak
 from actorkeep import codec
-from actorkeep.queue import DELIVER_PATH, Config, Lease, RetryLater, encode_deliver
+from actorkeep.queue import DELIVER_PATH, Config, Lease, RetryLater
 from actorkeep.testing import open_host
+from actorkeep.wire.queue import DELIVER, lease_to_wire
 from queues.queue import LINGER
 from tests.queue_support import Remote, alarm_of, app, deliveries, inside, now, picky_seen
 
@@ -242,7 +243,7 @@ async def test_delivery_requests_are_checked(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_host(app, data_dir) as host:
-        frame = encode_deliver("queue/q", [Lease(1, 1, b"x", 0.0)])
+        frame = _deliver_frame("queue/q", [Lease(1, 1, b"x", 0.0)])
         resp = await host.request("POST", f"/worker/w{DELIVER_PATH}", body=frame)
         assert resp.status == 403  # from outside: no caller
         for garbage in (b"", b"\xc1", codec.pack([1]), codec.pack({"queue": "queue/q"})):
@@ -271,7 +272,7 @@ async def test_handle_delivery_with_a_plain_function(
         req = ak.Request(
             "POST",
             DELIVER_PATH,
-            body=encode_deliver("queue/q", [Lease(1, 1, b"ok", 0.0), Lease(2, 4, b"again", 0.0)]),
+            body=_deliver_frame("queue/q", [Lease(1, 1, b"ok", 0.0), Lease(2, 4, b"again", 0.0)]),
             caller="queue/q",
         )
         resp = await ak.queue.handle_delivery(req, handler)
@@ -336,3 +337,7 @@ async def test_an_error_text_msgpack_cannot_encode_is_recorded_not_fatal(
         assert sorted(seen_ids()) == [good1, bad, good2]  # each delivered once
         (dead,) = await q.dead_letters()
         assert dead.id == bad and "FileNotFoundError" in dead.reason and "\\udcff" in dead.reason
+
+
+def _deliver_frame(queue: str, leases: list[Lease]) -> bytes:
+    return DELIVER.frame(queue=queue, messages=[lease_to_wire(x) for x in leases])

@@ -15,6 +15,7 @@ import trio._core._run as trio_run
 
 import actorkeep as ak
 import shards
+from actorkeep.wire import kv as kv_wire
 from sim import World
 from sim.__main__ import main as sim_main
 from sim.check import check_errors
@@ -179,7 +180,8 @@ def test_a_planted_bug_is_reported_with_its_seed(
 
 def test_an_error_while_the_host_is_up_is_a_violation() -> None:
     class Broken(shards.KVShard):
-        async def _delete(self, frame: dict[str, object]) -> ak.Response:
+        @kv_wire.DELETE.handler
+        async def delete(self, frame: dict[str, object]) -> dict[str, object]:
             raise RuntimeError("boom")
 
     async def main(w: World) -> None:
@@ -274,15 +276,17 @@ def test_a_quarantine_in_a_simulation_is_reported_as_false_damage() -> None:
     world = World(make_app(2), 5)
 
     async def main(w: World) -> None:
-        put = ak.codec.pack({"k": b"a", "v": b"1", "x": None, "t": None, "l": False})
-        await w.call_as("app/x", "kv/shard-0", "POST", "/actorkeep-kv/v1/put", put)
+        put = ak.codec.pack(
+            {"key": b"a", "value": b"1", "expect": None, "ttl": None, "local": False}
+        )
+        await w.call_as("app/x", "kv/shard-0", "POST", kv_wire.PUT.path, put)
         await trio.sleep(1)  # registered
         await w.stop()
         del w.storage.files["actors/kv/shard-0"]
         await w.start()
-        get = ak.codec.pack({"k": b"a"})
+        get = ak.codec.pack({"key": b"a"})
         with pytest.raises(ak.Quarantined):
-            await w.call_as("app/x", "kv/shard-0", "POST", "/actorkeep-kv/v1/get", get)
+            await w.call_as("app/x", "kv/shard-0", "POST", kv_wire.GET.path, get)
 
     world.run(main)
     result = seed_result(5, world, [], 0, time.perf_counter(), {})

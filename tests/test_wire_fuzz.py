@@ -26,9 +26,9 @@ import actorkeep as ak
 import queues
 import shards
 from actorkeep import codec
-from actorkeep.kv_wire import PREFIX as KV_PREFIX
 from actorkeep.queue import PREFIX as QUEUE_PREFIX
 from actorkeep.testing import TestHost, open_host
+from actorkeep.wire.kv import KV
 
 from .test_front_fuzz import contents, file_list
 
@@ -112,22 +112,28 @@ keys = st.sampled_from([b"a", b"b", b"c", b"new", "a", b"", b"k" * 2048, b"k" * 
 kv_versions = st.sampled_from([None, 0, 1, 2, 3, 4, 1000, 1001, 2**40, -1, True])
 ttls = st.sampled_from([None, 0, 0.0001, 0.5, 60, 1e9, 1e12, math.nan])
 kv_put = frame(
-    {"k": keys, "v": st.binary(max_size=6) | st.just("text")},
-    x=kv_versions,
-    t=ttls,
-    l=st.booleans() | st.just(1),
+    {"key": keys, "value": st.binary(max_size=6) | st.just("text")},
+    expect=kv_versions,
+    ttl=ttls,
+    local=st.booleans() | st.just(1),
 )
 KV_REQUESTS = requests(
     {
-        "get": frame({"k": keys}),
+        "get": frame({"key": keys}),
         "put": kv_put,
-        "put-local": kv_put,
-        "delete": frame({"k": keys}, x=kv_versions),
-        "list": frame({}, p=keys, a=keys | st.none(), n=st.sampled_from([0, 1, 2, 1000, 1001])),
+        "put_local": kv_put,
+        "delete": frame({"key": keys}, expect=kv_versions),
+        "list": frame(
+            {},
+            prefix=keys,
+            after=keys | st.none(),
+            limit=st.sampled_from([0, 1, 2, 1000, 1001]),
+        ),
     },
-    ["get", "put", "put-local", "delete", "list", "nope", "", "put/x", "GET"],
-    ["k", "v", "x", "t", "l", "p", "a", "n"],
+    ["get", "put", "put_local", "delete", "list", "nope", "", "put/x", "GET"],
+    ["key", "value", "expect", "ttl", "local", "prefix", "after", "limit"],
 )
+KV_PREFIX = KV.prefix
 
 ids = st.integers(-1, 6)
 attempts = st.integers(0, 3)
@@ -184,20 +190,20 @@ async def _call(host: TestHost, address: str, path: str, frame: dict[str, Any]) 
 
 async def kv_baseline(host: TestHost) -> None:
     steps: list[tuple[str, dict[str, Any]]] = [
-        ("put", {"k": b"a", "v": b"1"}),
-        ("put", {"k": b"b", "v": b"2", "l": True}),
-        ("put", {"k": b"c", "v": b"3", "l": True}),
-        ("delete", {"k": b"c"}),
+        ("put", {"key": b"a", "value": b"1"}),
+        ("put", {"key": b"b", "value": b"2", "local": True}),
+        ("put", {"key": b"c", "value": b"3", "local": True}),
+        ("delete", {"key": b"c"}),
     ]
     for op, frame_ in steps:
         await _call(host, "kv/shard-0", KV_PREFIX + op, frame_)
 
 
 async def kv_alive(host: TestHost) -> None:
-    probe = {"k": b"zz-probe", "v": b"p", "l": True}
+    probe = {"key": b"zz-probe", "value": b"p", "local": True}
     put = await _call(host, "kv/shard-0", KV_PREFIX + "put", probe)
-    got = await _call(host, "kv/shard-0", KV_PREFIX + "get", {"k": b"zz-probe"})
-    assert got["e"][:2] == [b"p", put["ver"]]
+    got = await _call(host, "kv/shard-0", KV_PREFIX + "get", {"key": b"zz-probe"})
+    assert got["entry"][:2] == [b"p", put["version"]]
 
 
 async def queue_baseline(host: TestHost) -> None:

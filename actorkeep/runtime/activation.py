@@ -10,7 +10,7 @@ import contextlib
 import random
 import sqlite3
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -271,7 +271,7 @@ class Activation:
         ev = self.current
         return (*ev.chain, self.address) if ev is not None else (self.address,)
 
-    async def call(
+    def call(
         self,
         address: str,
         method: str,
@@ -279,14 +279,12 @@ class Activation:
         body: bytes,
         headers: Mapping[str, str] | None,
         timeout: float | None,
-    ) -> Response:
+    ) -> Coroutine[Any, Any, Response]:
         chain = self.chain_for_call()
-        return await self.host.call(
-            self.address, chain, address, method, path, body, headers, timeout
-        )
+        return self.host.call(self.address, chain, address, method, path, body, headers, timeout)
 
-    async def call_rpc(
+    def call_rpc(
         self, address: str, method: str, args: dict[str, Any], timeout: float | None
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         chain = self.chain_for_call()
-        return await self.host.call_rpc(self.address, chain, address, method, args, timeout)
+        return self.host.call_rpc(self.address, chain, address, method, args, timeout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from typing import Any
 
 import outcome
@@ -256,17 +256,15 @@ class Host:
         _check_reentry(address, chain)
         if not isinstance(body, bytes | bytearray):
             raise TypeError("body must be bytes")
-        path, _, query_string = path.partition("?")
+        query: dict[str, str] = {}
+        if "?" in path:
+            path, _, query_string = path.partition("?")
+            query = parse_query(query_string)
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
-        request = Request(
-            method.upper(),
-            path,
-            parse_query(query_string),
-            call_headers(caller, headers),
-            bytes(body),
-            caller,
-        )
+        if type(body) is not bytes:
+            body = bytes(body)
+        request = Request(method.upper(), path, query, call_headers(caller, headers), body, caller)
         return await self.router.deliver(class_name, name, request, chain, timeout)
 
     async def call_as(
@@ -284,16 +282,16 @@ class Host:
         split_address(caller)
         return await self.call(caller, (caller,), address, method, path, body, headers, timeout)
 
-    async def deliver(
+    def deliver(
         self,
         class_name: str,
         name: str,
         request: Request,
         chain: tuple[str, ...],
         timeout: float | None,
-    ) -> Response:
+    ) -> Coroutine[Any, Any, Response]:
         """Take a request to the actor ``class_name/name``, wherever it lives; its reply."""
-        return await self.router.deliver(class_name, name, request, chain, timeout)
+        return self.router.deliver(class_name, name, request, chain, timeout)
 
     async def deliver_here(
         self,
@@ -349,7 +347,7 @@ class Host:
         finally:
             self.inflight.give(cost)
 
-    async def call_rpc(
+    def call_rpc(
         self,
         caller: str,
         chain: tuple[str, ...],
@@ -357,9 +355,9 @@ class Host:
         method: str,
         args: dict[str, Any],
         timeout: float | None,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """``ref.method(**args)`` from actor ``caller``: the result, or the error it means."""
-        return await self.router.call_rpc(caller, chain, address, method, args, timeout)
+        return self.router.call_rpc(caller, chain, address, method, args, timeout)
 
     async def call_rpc_here(
         self,

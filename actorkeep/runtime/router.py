@@ -3,6 +3,7 @@ reaches it. One host serves every address today (``LocalRouter``); a cluster rep
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from ..http import Request, Response
@@ -62,17 +63,18 @@ class LocalRouter:
     def __init__(self, host: Target) -> None:
         self.host = host
 
-    async def deliver(
+    # Plain functions that return the host's coroutine: no frame of their own on the hot path.
+    def deliver(
         self,
         class_name: str,
         name: str,
         request: Request,
         chain: tuple[str, ...],
         timeout: float | None,
-    ) -> Response:
-        return await self.host.deliver_here(class_name, name, request, chain, timeout)
+    ) -> Coroutine[Any, Any, Response]:
+        return self.host.deliver_here(class_name, name, request, chain, timeout)
 
-    async def call_rpc(
+    def call_rpc(
         self,
         caller: str,
         chain: tuple[str, ...],
@@ -80,5 +82,5 @@ class LocalRouter:
         method: str,
         args: dict[str, Any],
         timeout: float | None,
-    ) -> Any:
-        return await self.host.call_rpc_here(caller, chain, address, method, args, timeout)
+    ) -> Coroutine[Any, Any, Any]:
+        return self.host.call_rpc_here(caller, chain, address, method, args, timeout)
