@@ -23,11 +23,11 @@ import trio
 
 from .address import actor_path, split_address
 from .app import App
+from .front import ServerLimits, serve_http
 from .runtime.host import Host
 from .runtime.hostdb import HostDb
 from .runtime.registry import Registry
 from .runtime.storage import DataDirInUse, FileStorage
-from .server import ServerLimits, serve_http
 
 log = structlog.get_logger("actorkeep")
 

@@ -127,7 +127,7 @@ async def serve(kind: str, port: int, data: Path) -> None:
             config.errorlog = None
             await hypercorn_serve(cast(Any, bare_app), config, shutdown_trigger=until_signal)
             return
-        from actorkeep.server import ServerLimits, serve_http
+        from actorkeep.front import ServerLimits, serve_http
 
         host = ak.Host(app, ak.FileStorage(data))
         listeners = await trio.open_tcp_listeners(port, host=LOOPBACK)

@@ -1,4 +1,4 @@
-"""Deterministic simulation of actorkeep hosts (SPEC §10).
+"""Deterministic simulation of actorkeep hosts (docs/simulation.md).
 
 ``World(app, seed)`` runs an app's hosts under a seeded trio scheduler, a virtual clock and a
 simulated storage that can crash (lose open transactions) or lose power (lose what was not
@@ -6,16 +6,16 @@ synced), with delayed and failed calls, late alarms and BUGGIFY; ``python -m sim
 seeded KV, alarm and queue scenarios and checks their histories.
 """
 
-from .alarm_checker import check_alarms
+from .alarms import check_alarms
 from .check import Violation, check_errors
+from .faults import Faults
 from .history import Fault, History, Op
-from .kv_checker import check_kv
-from .kv_exhaustive import check_kv_exhaustive
-from .queue_checker import check_queue
-from .scenario import SeedResult, run_alarm_seed, run_kv_seed
+from .kv import check_kv, check_kv_exhaustive
+from .queues import check_queue
+from .runner import Scenario, SeedResult, Setup
 from .scenarios import SCENARIOS, run_seed
 from .storage import Fenced, SimDatabase, SimStorage, SimStorageView
-from .world import Faults, Incarnation, World
+from .world import Incarnation, World
 
 __all__ = [
     "SCENARIOS",
@@ -25,7 +25,9 @@ __all__ = [
     "History",
     "Incarnation",
     "Op",
+    "Scenario",
     "SeedResult",
+    "Setup",
     "SimDatabase",
     "SimStorage",
     "SimStorageView",
@@ -36,7 +38,5 @@ __all__ = [
     "check_kv",
     "check_kv_exhaustive",
     "check_queue",
-    "run_alarm_seed",
-    "run_kv_seed",
     "run_seed",
 ]

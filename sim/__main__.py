@@ -18,12 +18,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .history import History
-from .scenario import ALL_FAULTS, FAULT_KINDS, SeedResult, parse_faults, replay_command
+from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
 
 _ROOT = Path(__file__).resolve().parent.parent
-_ALL_BUGS = sorted(b for _, bugs in SCENARIOS.values() for b in bugs)
+_ALL_BUGS = sorted(b for scenario in SCENARIOS.values() for b in scenario.bugs)
 
 
 def _common_args(parser: argparse.ArgumentParser, many: bool) -> None:

@@ -1,16 +1,148 @@
-"""The world's side of the runtime's ``FaultHooks``: seeded call, alarm and BUGGIFY faults."""
+"""What a run injects: the ``Faults`` a seed draws, and the world's side of the runtime's
+``FaultHooks`` (seeded call, alarm and BUGGIFY faults)."""
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
 from actorkeep.errors import CallTimeout, Overloaded
 
-if TYPE_CHECKING:
-    from .world import Faults, World
+from .history import History
+
+
+@dataclass
+class Faults:
+    """What the world injects on its own (the scenario adds timed crashes and power losses).
+
+    ``fsync_delay_p``: the probability that a ``sync()`` takes virtual time (up to
+    ``fsync_delay_max`` seconds), so that other events run meanwhile and a crash can land
+    between a commit and its reply. ``crash_after_sync_p``: the probability that a host crashes
+    right after a completed ``sync()`` (process crash, or power loss with
+    ``power_loss_p``), restarting after a downtime up to ``downtime_max``; at most
+    ``max_crashes`` such crashes per run. ``rollback_p``: per file, the chance that power loss
+    rolls it back to its last durable image.
+
+    Between actors (not on the world's own calls): ``call_delay_p`` delays a call by up to
+    ``call_delay_max`` seconds; ``call_refuse_p`` refuses it with ``Overloaded`` before the
+    callee sees it; ``reply_loss_p`` loses the reply (``CallTimeout`` after the callee ran).
+    ``alarm_late_p`` hands a due alarm to its actor up to ``alarm_late_max`` seconds late.
+    ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.runtime.faults.SITES``, and any
+    ``self.buggify(site)`` in the app): each is enabled with probability 0.25 per run and
+    then fires a quarter of the times it is reached.
+    """
+
+    fsync_delay_p: float = 0.0
+    fsync_delay_max: float = 0.02
+    crash_after_sync_p: float = 0.0
+    power_loss_p: float = 0.5
+    downtime_max: float = 1.0
+    max_crashes: int = 2
+    rollback_p: float = 0.5
+    call_delay_p: float = 0.0
+    call_delay_max: float = 0.05
+    call_refuse_p: float = 0.0
+    reply_loss_p: float = 0.0
+    alarm_late_p: float = 0.0
+    alarm_late_max: float = 2.0
+    buggify: bool = False
+
+    def heal(self) -> None:
+        """Stop injecting faults (slow fsyncs stay: they are not failures)."""
+        self.crash_after_sync_p = 0.0
+        self.call_delay_p = self.call_refuse_p = self.reply_loss_p = 0.0
+        self.alarm_late_p = 0.0
+        self.buggify = False
+
+
+#: The fault kinds a run can have; ``--faults`` picks a subset.
+FAULT_KINDS = ("crash", "power", "fsync", "calls", "alarms", "buggify")
+
+
+def parse_faults(text: str) -> frozenset[str]:
+    """``"all"``, ``"none"`` or a comma-separated subset of ``FAULT_KINDS``."""
+    if text == "all":
+        return frozenset(FAULT_KINDS)
+    if text == "none":
+        return frozenset()
+    kinds = frozenset(k.strip() for k in text.split(",") if k.strip())
+    unknown = kinds - set(FAULT_KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; choose from {FAULT_KINDS}")
+    return kinds
+
+
+ALL_FAULTS = frozenset(FAULT_KINDS)
+
+
+@dataclass
+class FaultDraw:
+    """A run's faults as drawn from its seed (then narrowed by ``--faults``)."""
+
+    mode: str  # none / crash / power / mixed
+    faults: Faults
+    timed: int  # crashes or power losses at random moments
+
+    @property
+    def power_p(self) -> float:
+        return self.faults.power_loss_p
+
+    def summary(self) -> dict[str, object]:
+        f = self.faults
+        return {
+            "faults": self.mode,
+            "timed_faults": self.timed,
+            "fsync_delay_p": f.fsync_delay_p,
+            "crash_after_sync_p": f.crash_after_sync_p,
+            "call_faults": (f.call_delay_p, f.call_refuse_p, f.reply_loss_p),
+            "alarm_late_p": f.alarm_late_p,
+            "buggify": f.buggify,
+        }
+
+
+def draw_faults(rng: random.Random, kinds: frozenset[str] = ALL_FAULTS) -> FaultDraw:
+    """Draw a run's faults from ``rng``, then drop the kinds not in ``kinds``.
+
+    Every draw is made whatever ``kinds`` is, so that narrowing the faults keeps the rest of
+    the run's shape.
+    """
+    mode = rng.choices(["none", "crash", "power", "mixed"], [2, 3, 2, 3])[0]
+    faults = Faults(
+        fsync_delay_p=rng.choice([0.0, 0.3, 0.9]),
+        fsync_delay_max=rng.choice([0.001, 0.02]),
+        crash_after_sync_p=0.0 if mode == "none" else rng.choice([0.0, 0.02, 0.08]),
+        power_loss_p={"none": 0.0, "crash": 0.0, "power": 1.0, "mixed": 0.5}[mode],
+        max_crashes=2,
+        rollback_p=rng.choice([0.5, 1.0]),
+    )
+    timed = 0 if mode == "none" else rng.randint(0, 3)
+    calls = rng.random() < 0.6
+    call_delay = (rng.choice([0.05, 0.2, 0.5]), rng.choice([0.001, 0.05]))
+    call_fail = (rng.choice([0.0, 0.02, 0.05]), rng.choice([0.0, 0.02, 0.05]))
+    late = rng.random() < 0.5
+    late_p, late_max = rng.choice([0.2, 0.5]), rng.choice([0.1, 2.0])
+    buggify = rng.random() < 0.5
+    if mode != "none":
+        if calls and "calls" in kinds:
+            faults.call_delay_p, faults.call_delay_max = call_delay
+            faults.call_refuse_p, faults.reply_loss_p = call_fail
+        if late and "alarms" in kinds:
+            faults.alarm_late_p, faults.alarm_late_max = late_p, late_max
+        faults.buggify = buggify and "buggify" in kinds
+    if "fsync" not in kinds:
+        faults.fsync_delay_p = 0.0
+    crash, power = "crash" in kinds, "power" in kinds
+    if not crash and not power:
+        mode, timed, faults.crash_after_sync_p = "none", 0, 0.0
+    elif not power:
+        faults.power_loss_p = 0.0
+    elif not crash:
+        faults.power_loss_p = 1.0
+    return FaultDraw(mode, faults, timed)
+
 
 #: FoundationDB's BUGGIFY odds: a site is enabled in a run with this probability ...
 SITE_ENABLED_P = 0.25
@@ -26,16 +158,21 @@ class SimHooks:
     outside (no chain) are left alone: the world plays the clients, faults act between actors.
     """
 
-    def __init__(self, world: World, rng: random.Random, world_caller: str) -> None:
-        self.world = world
+    def __init__(
+        self,
+        faults: Faults,
+        history: History,
+        now: Callable[[], float],
+        rng: random.Random,
+        world_caller: str,
+    ) -> None:
+        self.faults = faults
+        self.history = history
+        self.now = now
         self.rng = rng
         self.world_chain = (world_caller,)
         self.sites: dict[str, bool] = {}  # site -> enabled in this run (drawn at first use)
         self.fired: dict[str, int] = {}
-
-    @property
-    def faults(self) -> Faults:
-        return self.world.faults
 
     def _between_actors(self, chain: tuple[str, ...]) -> bool:
         return chain != self.world_chain
@@ -47,7 +184,7 @@ class SimHooks:
         if f.call_delay_p > 0 and self.rng.random() < f.call_delay_p:
             await trio.sleep(self.rng.uniform(0.0, f.call_delay_max))
         if f.call_refuse_p > 0 and self.rng.random() < f.call_refuse_p:
-            self.world.history.fault("call-refused", self.world.now(), to=address, by=chain[-1])
+            self.history.fault("call-refused", self.now(), to=address, by=chain[-1])
             raise Overloaded(f"sim: call to {address} refused")
 
     def after_call(self, chain: tuple[str, ...], address: str) -> None:
@@ -57,7 +194,7 @@ class SimHooks:
             and self._between_actors(chain)
             and self.rng.random() < f.reply_loss_p
         ):
-            self.world.history.fault("reply-lost", self.world.now(), to=address, by=chain[-1])
+            self.history.fault("reply-lost", self.now(), to=address, by=chain[-1])
             raise CallTimeout(f"sim: the reply of {address} was lost")
 
     def alarm_delay(self, address: str) -> float:
@@ -73,7 +210,7 @@ class SimHooks:
         if enabled is None:
             enabled = self.sites[site] = self.rng.random() < SITE_ENABLED_P
             if enabled:
-                self.world.history.note(f"buggify site {site} enabled")
+                self.history.note(f"buggify site {site} enabled")
         if enabled and self.rng.random() < SITE_FIRES_P:
             self.fired[site] = self.fired.get(site, 0) + 1
             return True

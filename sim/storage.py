@@ -208,7 +208,6 @@ class SimStorageView:
         db = SimDatabase(self.storage, file, self)
         file.live = db
         self.opened.add(db)
-        self.storage.opens += 1
         return db
 
     def close(self) -> None:
@@ -236,7 +235,6 @@ class SimStorage:
         self.files: dict[str, SimFile] = {}
         self._fsync_delay = fsync_delay
         self.on_sync = on_sync
-        self.opens = 0
         self.syncs = 0
         self._views: list[SimStorageView] = []
 

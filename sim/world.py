@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
@@ -36,7 +35,7 @@ from actorkeep.runtime.clock import Clock
 from actorkeep.runtime.host import Host
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
-from .faults import SimHooks
+from .faults import Faults, SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
 
@@ -46,50 +45,6 @@ T = TypeVar("T")
 ANCHOR = 1_700_000_000.0
 #: The caller address the world uses for ``rpc`` calls into the app.
 WORLD_CALLER = "sim-world/world"
-
-
-@dataclass
-class Faults:
-    """What the world injects on its own (the scenario adds timed crashes and power losses).
-
-    ``fsync_delay_p``: the probability that a ``sync()`` takes virtual time (up to
-    ``fsync_delay_max`` seconds), so that other events run meanwhile and a crash can land
-    between a commit and its reply. ``crash_after_sync_p``: the probability that a host crashes
-    right after a completed ``sync()`` (process crash, or power loss with
-    ``power_loss_p``), restarting after a downtime up to ``downtime_max``; at most
-    ``max_crashes`` such crashes per run. ``rollback_p``: per file, the chance that power loss
-    rolls it back to its last durable image.
-
-    Between actors (not on the world's own calls): ``call_delay_p`` delays a call by up to
-    ``call_delay_max`` seconds; ``call_refuse_p`` refuses it with ``Overloaded`` before the
-    callee sees it; ``reply_loss_p`` loses the reply (``CallTimeout`` after the callee ran).
-    ``alarm_late_p`` hands a due alarm to its actor up to ``alarm_late_max`` seconds late.
-    ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.runtime.faults.SITES``, and any
-    ``self.buggify(site)`` in the app): each is enabled with probability 0.25 per run and
-    then fires a quarter of the times it is reached.
-    """
-
-    fsync_delay_p: float = 0.0
-    fsync_delay_max: float = 0.02
-    crash_after_sync_p: float = 0.0
-    power_loss_p: float = 0.5
-    downtime_max: float = 1.0
-    max_crashes: int = 2
-    rollback_p: float = 0.5
-    call_delay_p: float = 0.0
-    call_delay_max: float = 0.05
-    call_refuse_p: float = 0.0
-    reply_loss_p: float = 0.0
-    alarm_late_p: float = 0.0
-    alarm_late_max: float = 2.0
-    buggify: bool = False
-
-    def heal(self) -> None:
-        """Stop injecting faults (slow fsyncs stay: they are not failures)."""
-        self.crash_after_sync_p = 0.0
-        self.call_delay_p = self.call_refuse_p = self.reply_loss_p = 0.0
-        self.alarm_late_p = 0.0
-        self.buggify = False
 
 
 class Incarnation:
@@ -126,7 +81,7 @@ class World:
         # Tests and checkers read why an outside request failed: show it (actorkeep --debug).
         self.host_options = {"debug": True, **(host_options or {})}
         self._fault_rng = self.rng("world-faults")
-        self.hooks = SimHooks(self, self.rng("hooks"), WORLD_CALLER)
+        self.hooks = SimHooks(self.faults, self.history, self.now, self.rng("hooks"), WORLD_CALLER)
         self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)
         self.current: Incarnation | None = None
         self.incarnations = 0
@@ -278,6 +233,17 @@ class World:
         new = await self.start()
         self.history.fault("restart", self.now(), host=new.number)
         return new
+
+    async def timed_faults(
+        self, rng: random.Random, count: int, span: float, power_p: float
+    ) -> None:
+        """``count`` crashes or power losses (each a power loss with ``power_p``) at random
+        moments spread over ``span`` virtual seconds, each followed by a restart."""
+        for _ in range(count):
+            await trio.sleep(rng.uniform(0.0, span / max(count, 1)))
+            power = rng.random() < power_p
+            if self.crash(power_loss=power):
+                await self.restart(rng.uniform(0.0, 0.5))
 
     def heal(self) -> None:
         """End the fault phase: no more injected crashes, call faults, late alarms or BUGGIFY

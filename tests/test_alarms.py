@@ -311,7 +311,7 @@ async def test_many_due_alarms_fire_through_the_index(
 def test_due_alarms_are_found_through_the_time_index(data_dir: Path) -> None:
     """Finding due alarms reads only due entries (the (at, address) index), so restart cost
     grows with due alarms, not with all pending ones."""
-    from actorkeep.runtime.alarms import LocalAlarmIndex
+    from actorkeep.runtime.alarm_index import LocalAlarmIndex
     from actorkeep.runtime.hostdb import HostDb
 
     db = FileStorage(data_dir, in_thread=False).open_host_db()

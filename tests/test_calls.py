@@ -268,7 +268,7 @@ async def test_many_timeouts_at_once(
 async def test_a_loop_of_inline_calls_does_not_starve_others(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from actorkeep.runtime.host import INLINE_YIELD_EVERY
+    from actorkeep.runtime.dispatch import INLINE_YIELD_EVERY
 
     ticks = 0
 

@@ -12,8 +12,7 @@ import trio.testing
 
 import actorkeep as ak
 import shards
-from actorkeep.asgi import AsgiApp
-from actorkeep.front import Front
+from actorkeep.front import AsgiApp, Front
 from actorkeep.runtime.storage import DataDirInUse, FileStorage
 from actorkeep.testing import open_host
 

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 import actorkeep as ak
-from actorkeep.server import HttpServer, ServerLimits, serve_http
+from actorkeep.front import HttpServer, ServerLimits, serve_http
 
 app = ak.App()
 

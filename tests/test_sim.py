@@ -16,15 +16,15 @@ import trio._core._run as trio_run
 import actorkeep as ak
 import shards
 from actorkeep.wire import kv as kv_wire
-from sim import World
+from sim import World, run_seed
 from sim.__main__ import main as sim_main
 from sim.check import check_errors
+from sim.determinism import seeded_scheduler
+from sim.faults import Faults
 from sim.history import History, Status
-from sim.kv_checker import check_kv
-from sim.kv_workload import kv_op, make_app
-from sim.scenario import run_kv_seed
+from sim.kv.checker import check_kv
+from sim.kv.workload import kv_op, make_app
 from sim.storage import SimDatabase
-from sim.world import Faults
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,14 +44,14 @@ def _hash_in_subprocess(seed: int, hashseed: str) -> str:
 
 # -- determinism ----------------------------------------------------------------------------
 def test_same_seed_same_trace_hash() -> None:
-    a, b = run_kv_seed(11), run_kv_seed(11)
+    a, b = run_seed("kv", 11), run_seed("kv", 11)
     assert a.trace_hash == b.trace_hash
     assert [str(v) for v in a.violations] == [str(v) for v in b.violations]
-    assert run_kv_seed(12).trace_hash != a.trace_hash
+    assert run_seed("kv", 12).trace_hash != a.trace_hash
 
 
 def test_trace_hash_does_not_depend_on_pythonhashseed() -> None:
-    here = run_kv_seed(3).trace_hash
+    here = run_seed("kv", 3).trace_hash
     assert _hash_in_subprocess(3, "1") == here
     assert _hash_in_subprocess(3, "987654") == here
 
@@ -59,15 +59,41 @@ def test_trace_hash_does_not_depend_on_pythonhashseed() -> None:
 def test_the_scheduler_flags_are_restored_after_a_run() -> None:
     flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
     state = trio_run._r.getstate()
-    run_kv_seed(1)
+    run_seed("kv", 1)
     assert flag == trio_run._ALLOW_DETERMINISTIC_SCHEDULING
     assert trio_run._r.getstate() == state
+
+
+def _schedule(seed: int) -> list[int]:
+    """The order in which 20 tasks, all runnable at once, get their second step."""
+    order: list[int] = []
+
+    async def task(i: int) -> None:
+        await trio.lowlevel.checkpoint()
+        order.append(i)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(task, i)
+
+    with seeded_scheduler(seed):
+        trio.run(main)
+    return order
+
+
+def test_the_seed_decides_trio_s_schedule() -> None:
+    """The private hooks the simulator sets still steer trio's run queue: the same seed gives
+    the same order, other seeds other orders. If a trio release changes the hooks, this fails
+    (and pyproject.toml caps trio below the next release for that reason)."""
+    assert _schedule(1) == _schedule(1)
+    assert len({tuple(_schedule(seed)) for seed in range(8)}) > 1
 
 
 def test_missing_trio_internals_fail_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")
     with pytest.raises(RuntimeError, match="cannot make its scheduler deterministic"):
-        run_kv_seed(1)
+        run_seed("kv", 1)
 
 
 # -- the world ------------------------------------------------------------------------------
@@ -164,7 +190,7 @@ def test_a_planted_bug_is_reported_with_its_seed(
     bug: str, invariants: set[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     for seed in range(60):
-        result = run_kv_seed(seed, bug)
+        result = run_seed("kv", seed, bug)
         if result.violations:
             break
     else:
@@ -271,7 +297,7 @@ def test_a_quarantine_in_a_simulation_is_reported_as_false_damage() -> None:
     """The simulator never damages a file, so a quarantine means the host mistook what a crash
     or power loss left for damage. Plant one (a registered shard's file removed behind the
     host's back) and the seed fails with no-false-damage."""
-    from sim.scenario import seed_result
+    from sim.runner import seed_result
 
     world = World(make_app(2), 5)
 

@@ -6,17 +6,18 @@ from typing import Any
 
 import pytest
 
+from sim import run_seed
 from sim.__main__ import main as sim_main
-from sim.alarm_checker import check_alarms
+from sim.alarms.checker import check_alarms
 from sim.determinism import sub_rng
+from sim.faults import draw_faults, parse_faults
 from sim.history import History, Status
-from sim.scenario import draw_faults, parse_faults, run_alarm_seed
 
 T0 = 1_700_000_000.0
 
 
 def test_a_sweep_of_the_alarm_scenario_is_clean() -> None:
-    results = [run_alarm_seed(seed) for seed in range(60)]
+    results = [run_seed("alarms", seed) for seed in range(60)]
     assert [r.seed for r in results if not r.ok] == []
     fires = sum(1 for r in results for o in r.history.observations if o.kind == "fire")
     assert fires > 60 * 5  # alarms really fire, retries and re-arms included
@@ -41,13 +42,13 @@ def test_a_planted_host_bug_is_reported_with_its_seed(
     bug: str, invariants: set[str], within: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for seed in range(within):
-        result = run_alarm_seed(seed, bug)
+        result = run_seed("alarms", seed, bug)
         if result.violations:
             break
     else:
         pytest.fail(f"{within} seeds did not catch {bug}")
     assert {v.invariant for v in result.violations} <= invariants
-    assert run_alarm_seed(seed).ok  # the same seed on the real host is clean
+    assert run_seed("alarms", seed).ok  # the same seed on the real host is clean
     assert sim_main(["--seeds", "1", "--start", str(seed), "--bug", bug]) == 1
     out = capsys.readouterr().out
     assert f"alarms seed {seed}: FAILED" in out
@@ -186,6 +187,6 @@ def test_faults_can_be_narrowed_without_changing_the_run_shape() -> None:
             full.faults.call_delay_p,
             full.faults.call_refuse_p,
         )
-    quiet = run_alarm_seed(3, faults=frozenset())
+    quiet = run_seed("alarms", 3, faults=frozenset())
     kinds: set[Any] = {f.kind for f in quiet.history.faults}
     assert kinds <= {"stop"} and quiet.crashes == 0 and quiet.ok

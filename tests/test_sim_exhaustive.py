@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from sim import SeedResult, run_seed
 from sim.history import History, Op, Status
-from sim.kv_checker import check_kv
-from sim.kv_exhaustive import INVARIANT, KVExhaustive, check_kv_exhaustive
-from sim.scenario import SeedResult, run_kv_seed
+from sim.kv.checker import check_kv
+from sim.kv.exhaustive import INVARIANT, KVExhaustive, check_kv_exhaustive
 
 T0 = 1_700_000_000.0
 T0_MS = 1_700_000_000_000  # expiries are recorded in epoch milliseconds
@@ -66,7 +66,7 @@ SEEDS = range(40)
 
 @pytest.fixture(scope="module")
 def seeds() -> list[SeedResult]:
-    return [run_kv_seed(seed) for seed in SEEDS]
+    return [run_seed("kv", seed) for seed in SEEDS]
 
 
 def test_real_seeds_are_linearizable_and_many_keys_are_searched(seeds: list[SeedResult]) -> None:
@@ -91,7 +91,7 @@ def test_real_seeds_are_linearizable_and_many_keys_are_searched(seeds: list[Seed
 def test_a_planted_bug_is_caught_on_real_histories() -> None:
     """A shard that accepts every compare-and-set (first caught at seed 11 when measured)."""
     for seed in range(30):
-        result = run_kv_seed(seed, "blind-cas")
+        result = run_seed("kv", seed, "blind-cas")
         n_shards = result.summary["shards"]
         assert isinstance(n_shards, int)
         if check_kv_exhaustive(result.history, n_shards):

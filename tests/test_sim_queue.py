@@ -8,14 +8,13 @@ import pytest
 import trio
 
 import queues
-from sim import World
+from sim import World, run_seed
 from sim.check import check_errors
+from sim.faults import Faults
 from sim.history import History, Op, Status
-from sim.queue_bugs import PlainLeaseQueue
-from sim.queue_checker import check_queue
-from sim.queue_scenario import run_queue_seed
-from sim.queue_workload import PULL, PUSH, PushRecorder, make_app, queue_op
-from sim.world import Faults
+from sim.queues.bugs import PlainLeaseQueue
+from sim.queues.checker import check_queue
+from sim.queues.workload import PULL, PUSH, PushRecorder, make_app, queue_op
 
 MAX = {PULL: 3}
 PULL_FILE = f"actors/{PULL}"
@@ -101,7 +100,7 @@ def test_refused_calls_fail_and_lost_replies_are_unknown(faults: Faults, status:
 
 # -- the scenario ---------------------------------------------------------------------------
 def test_a_sweep_is_clean_and_exercises_the_faults() -> None:
-    results = [run_queue_seed(seed) for seed in range(60)]
+    results = [run_seed("queues", seed) for seed in range(60)]
     assert [(r.seed, str(v)) for r in results for v in r.violations] == []
     faults = {f.kind for r in results for f in r.history.faults}
     assert {"crash", "power-loss", "call-refused", "reply-lost"} <= faults
@@ -114,9 +113,9 @@ def test_a_sweep_is_clean_and_exercises_the_faults() -> None:
 
 
 def test_a_seed_replays_exactly() -> None:
-    a, b = run_queue_seed(7), run_queue_seed(7)
+    a, b = run_seed("queues", 7), run_seed("queues", 7)
     assert a.trace_hash == b.trace_hash
-    assert run_queue_seed(8).trace_hash != a.trace_hash
+    assert run_seed("queues", 8).trace_hash != a.trace_hash
 
 
 @pytest.mark.parametrize(
@@ -129,13 +128,13 @@ def test_a_seed_replays_exactly() -> None:
 )
 def test_a_planted_bug_is_reported_with_its_seed(bug: str, invariants: set[str]) -> None:
     for seed in range(40):
-        result = run_queue_seed(seed, bug)
+        result = run_seed("queues", seed, bug)
         if result.violations:
             break
     else:
         pytest.fail(f"40 seeds did not catch {bug}")
     assert {v.invariant for v in result.violations} & invariants
-    again = run_queue_seed(seed, bug)
+    again = run_seed("queues", seed, bug)
     assert [str(v) for v in again.violations] == [str(v) for v in result.violations]
 
 

@@ -212,10 +212,11 @@ async def queue_baseline(host: TestHost) -> None:
 
 
 async def queue_alive(host: TestHost) -> None:
-    stats = f"{QUEUE_PREFIX}/stats"
-    before = (await _call(host, "queue/q", stats, {}))["ready"]
-    await _call(host, "queue/q", f"{QUEUE_PREFIX}/send", {"bodies": [b"probe"]})
-    assert (await _call(host, "queue/q", stats, {}))["ready"] == before + 1
+    # Delayed, so that a push consumer the frame configured cannot take it before we look.
+    send = {"bodies": [b"probe"], "delay": 3600.0}
+    (probe,) = (await _call(host, "queue/q", f"{QUEUE_PREFIX}/send", send))["ids"]
+    job = (await _call(host, "queue/q", f"{QUEUE_PREFIX}/get", {"id": probe}))["job"]
+    assert (job["state"], job["body"]) == ("delayed", b"probe")
 
 
 Step = Callable[[TestHost], Awaitable[None]]

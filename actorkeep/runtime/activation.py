@@ -22,7 +22,7 @@ from ..app import ActorClass
 from ..calls import ActorsClient
 from ..http import Response
 from ..sql import Sql
-from .alarms import AlarmScheduler, AlarmState, read_alarm
+from .alarm_store import AlarmState, read_alarm
 from .clock import Clock
 from .handoff import Event
 from .registry import Registry
@@ -52,6 +52,16 @@ def reset_current_actor(token: Token[Actor]) -> None:
     _current_actor.reset(token)
 
 
+class ActorAlarms(Protocol):
+    """What an activation needs of the alarm scheduler (alarms.py)."""
+
+    def opened(self, act: Activation, state: AlarmState) -> None: ...
+
+    async def set(self, act: Activation, at: float, *, durable: bool = True) -> None: ...
+
+    async def delete(self, act: Activation) -> None: ...
+
+
 class ActivationHost(Protocol):
     """What an activation needs of its host."""
 
@@ -63,7 +73,7 @@ class ActivationHost(Protocol):
     def registry(self) -> Registry: ...
 
     @property
-    def alarms(self) -> AlarmScheduler: ...
+    def alarms(self) -> ActorAlarms: ...
 
     def buggify(self, site: str) -> bool: ...
 

@@ -1,4 +1,5 @@
-"""Alarms: the host's index, one actor's alarm, and the scheduler that fires them.
+"""Alarms: the scheduler that fires them, and the one invariant between an actor's alarm row
+(alarm_store.py) and the host's index (alarm_index.py) that every change keeps.
 
 Each actor's alarm lives in its own database (``actorkeep_alarm``), which is the truth. The host
 keeps an index ``address -> at`` in its own database, so that it can wake actors that are not
@@ -24,166 +25,28 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Container
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 import trio
 
-from ..actor import AlarmInfo
+from ..actor import Actor, AlarmInfo
+from .activation import Activation
+from .alarm_index import DUE_BATCH, AlarmIndex, LocalAlarmIndex
+from .alarm_store import (
+    ACTOR_TABLE,
+    MAX_RETRIES,
+    AlarmState,
+    retry_delay,
+    storage_retry_delay,
+    write_alarm_row,
+)
 from .clock import Clock
-from .hostdb import HostDb
 from .storage import Database, is_damage
 
-if TYPE_CHECKING:
-    from ..actor import Actor
-    from .activation import Activation
+__all__ = ["AlarmIndex", "AlarmRunner", "AlarmScheduler", "LocalAlarmIndex"]
 
 log = structlog.get_logger("actorkeep")
-
-ACTOR_TABLE = "actorkeep_alarm"
-MAX_RETRIES = 6
-FIRST_RETRY_DELAY = 2.0
-#: An alarm event that fails before its handler runs (storage) is tried again after 2 s,
-#: doubling up to this.
-MAX_STORAGE_RETRY_DELAY = 300.0
-_DUE_BATCH = 256
-
-
-def retry_delay(retry_count: int) -> float:
-    """Delay before retry number ``retry_count + 1``: 2 s, doubling."""
-    return FIRST_RETRY_DELAY * 2.0**retry_count
-
-
-def storage_retry_delay(failures: int) -> float:
-    """Delay after the ``failures``-th failure in a row of an alarm event outside its handler."""
-    return min(MAX_STORAGE_RETRY_DELAY, FIRST_RETRY_DELAY * 2.0 ** min(failures - 1, 16))
-
-
-@dataclass(frozen=True, slots=True)
-class AlarmState:
-    """An actor's alarm as stored in its database."""
-
-    at: float
-    scheduled_at: float
-    retry_count: int
-
-
-# -- the index ---------------------------------------------------------------------------------
-
-
-class AlarmIndex(Protocol):
-    """``address -> at`` for every actor with an alarm (the seam a cluster replaces)."""
-
-    def put(self, address: str, at: float) -> None:
-        """Set the entry (a plain write: ``sync`` makes it durable)."""
-
-    def remove(self, address: str) -> None:
-        """Drop the entry (a plain write)."""
-
-    def get(self, address: str) -> float | None:
-        """The entry's time, or None."""
-
-    def due(
-        self, now: float, after: tuple[float, str] | None, limit: int
-    ) -> list[tuple[str, float]]:
-        """Up to ``limit`` entries with ``at <= now`` in ``(at, address)`` order, after
-        ``after``."""
-
-    def next_after(self, now: float) -> tuple[float, str] | None:
-        """The first entry after ``now`` as ``(at, address)``."""
-
-    async def sync(self) -> None:
-        """Make every write so far durable."""
-
-
-class LocalAlarmIndex:
-    """The index in the host database; its syncs are the host database's."""
-
-    def __init__(self, host_db: HostDb) -> None:
-        self._host_db = host_db
-        self._conn = host_db.conn
-        with host_db.errors():
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS alarms (address TEXT PRIMARY KEY, at REAL NOT NULL)"
-            )
-            self._conn.execute("CREATE INDEX IF NOT EXISTS alarms_due ON alarms (at, address)")
-
-    def put(self, address: str, at: float) -> None:
-        with self._host_db.errors():
-            self._conn.execute(
-                "INSERT INTO alarms (address, at) VALUES (?, ?) "
-                "ON CONFLICT(address) DO UPDATE SET at = excluded.at",
-                (address, at),
-            )
-        self._host_db.wrote()
-
-    def remove(self, address: str) -> None:
-        with self._host_db.errors():
-            self._conn.execute("DELETE FROM alarms WHERE address = ?", (address,))
-        self._host_db.wrote()
-
-    def due(
-        self, now: float, after: tuple[float, str] | None, limit: int
-    ) -> list[tuple[str, float]]:
-        """It reads only due entries, through the ``(at, address)`` index: the cost of a scan
-        grows with the number of due alarms, not with all pending ones."""
-        with self._host_db.errors():
-            if after is None:
-                return self._conn.execute(
-                    "SELECT address, at FROM alarms WHERE at <= ? ORDER BY at, address LIMIT ?",
-                    (now, limit),
-                ).fetchall()
-            return self._conn.execute(
-                "SELECT address, at FROM alarms WHERE at <= ? AND (at, address) > (?, ?) "
-                "ORDER BY at, address LIMIT ?",
-                (now, after[0], after[1], limit),
-            ).fetchall()
-
-    def next_after(self, now: float) -> tuple[float, str] | None:
-        with self._host_db.errors():
-            row = self._conn.execute(
-                "SELECT at, address FROM alarms WHERE at > ? ORDER BY at, address LIMIT 1", (now,)
-            ).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def get(self, address: str) -> float | None:
-        with self._host_db.errors():
-            row = self._conn.execute(
-                "SELECT at FROM alarms WHERE address = ?", (address,)
-            ).fetchone()
-        return row[0] if row else None
-
-    async def sync(self) -> None:
-        await self._host_db.sync()
-
-
-# -- one actor's row -----------------------------------------------------------------------------
-
-
-def read_alarm(conn: Any) -> AlarmState | None:
-    """The alarm row of an actor's database, if it has one."""
-    has_table = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (ACTOR_TABLE,)
-    ).fetchone()
-    if not has_table:
-        return None
-    row = conn.execute(
-        f"SELECT at, scheduled_at, retry_count FROM {ACTOR_TABLE} WHERE id = 0"
-    ).fetchone()
-    return AlarmState(*row) if row is not None else None
-
-
-def _write_row(db: Database, state: AlarmState) -> None:
-    db.conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {ACTOR_TABLE} (id INTEGER PRIMARY KEY CHECK (id = 0), "
-        "at REAL NOT NULL, scheduled_at REAL NOT NULL, retry_count INTEGER NOT NULL)"
-    )
-    db.conn.execute(
-        f"INSERT OR REPLACE INTO {ACTOR_TABLE} (id, at, scheduled_at, retry_count) "
-        "VALUES (0, ?, ?, ?)",
-        (state.at, state.scheduled_at, state.retry_count),
-    )
 
 
 class AlarmRunner(Protocol):
@@ -253,10 +116,10 @@ class AlarmScheduler:
             now = self.horizon()
             after: tuple[float, str] | None = None
             while True:
-                rows = index.due(now, after, _DUE_BATCH)
+                rows = index.due(now, after, DUE_BATCH)
                 for address, _ in rows:
                     self._wake(address, early=False)
-                if len(rows) < _DUE_BATCH:
+                if len(rows) < DUE_BATCH:
                     break
                 after = (rows[-1][1], rows[-1][0])
                 await trio.lowlevel.checkpoint()
@@ -348,7 +211,7 @@ class AlarmScheduler:
         )
 
     def _write(self, act: Activation, db: Database, state: AlarmState) -> None:
-        _write_row(db, state)
+        write_alarm_row(db, state)
         act.alarm = state
         act.alarm_touched = True
         self.poke(state.at)

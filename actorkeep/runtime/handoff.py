@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import outcome
@@ -19,7 +19,12 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 
 from .. import codec
 from ..errors import CallTimeout
-from ..http import Request, Response
+from ..http import Headers, Request, Response
+
+_RESULT_HEADERS = {  # shared: Headers are read-only
+    "msgpack": Headers({"content-type": codec.MSGPACK}),
+    "json": Headers({"content-type": codec.JSON}),
+}
 
 #: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, or the alarm.
 EventKind = Literal["request", "rpc", "alarm"]
@@ -73,6 +78,33 @@ class Event:
     def from_outside(self) -> bool:
         """Whether an outside client sent it (no actor called)."""
         return self.request is not None and self.request.caller is None
+
+    def call_handler(self, inst: Any) -> Awaitable[Any]:
+        """The handler's coroutine on the actor ``inst``: an ``@rpc`` method takes its
+        arguments, a route the request and its path parameters."""
+        assert self.fn is not None
+        if self.args is not None:
+            return self.fn(inst, **self.args)  # type: ignore[no-any-return]
+        return self.fn(inst, self.request, **(self.params or {}))  # type: ignore[no-any-return]
+
+    def response(self, result: Any, in_transaction: bool) -> Response:
+        """The reply to this event, whose handler returned ``result`` (``in_transaction``:
+        the actor's database still has a transaction open, a bug of the handler's)."""
+        if in_transaction:
+            raise RuntimeError(
+                "the event ended with a transaction still open: commit it before returning "
+                "(or use `with self.sql.transaction():`)"
+            )
+        if self.encoding is not None:  # @rpc: encode the return value as the request was
+            headers = _RESULT_HEADERS[self.encoding]
+            return Response(200, headers, codec.encode(result, self.encoding))
+        if not isinstance(result, Response):
+            assert self.fn is not None
+            raise TypeError(
+                f"route handler {self.fn.__qualname__} returned {type(result).__name__}, "
+                "not ak.Response"
+            )
+        return result
 
 
 def check_timeout(timeout: float | None) -> None:

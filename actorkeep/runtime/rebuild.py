@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from .alarms import AlarmIndex, read_alarm
+from .alarm_index import AlarmIndex
+from .alarm_store import read_alarm
 from .hostdb import HostDb
 from .registry import Registry
 from .storage import StorageBackend, is_damage, read_address

@@ -1,12 +1,11 @@
-"""Planted bugs: shard variants the checkers must catch (``python -m sim --bug NAME``)."""
+"""Planted KV bugs: ``shards.KVShard`` variants the KV checkers must catch
+(``python -m sim --bug NAME``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import actorkeep as ak
-from actorkeep.runtime.activation import Activation
-from actorkeep.runtime.alarms import AlarmScheduler
 from shards import KVShard
 
 
@@ -40,29 +39,4 @@ BUGS: dict[str, type[KVShard]] = {
     "reuse-versions": ReusingShard,
     "blind-cas": BlindCasShard,
     "lazy-durable": LazyDurableShard,
-}
-
-
-class EarlyAlarms(AlarmScheduler):
-    """Treats an alarm as due up to half a second before its time."""
-
-    def horizon(self) -> float:
-        return self.clock.now() + 0.5
-
-
-class PlainClearAlarms(AlarmScheduler):
-    """Drops a fired alarm's index entry at once, before the row's deletion is durable: power
-    loss can then bring the row back with nothing to wake it (a bug the alarm checker found
-    in actorkeep itself)."""
-
-    async def forget_cleared(self, act: Activation, token: object) -> None:
-        if self.still_cleared(act.address, token):
-            self.index.remove(act.address)
-        self.cleared(act.address, token)
-
-
-#: Planted alarm bugs: the scheduler class the host runs with (``Host(alarm_scheduler=...)``).
-ALARM_BUGS: dict[str, type[AlarmScheduler]] = {
-    "early-alarm": EarlyAlarms,
-    "plain-clear": PlainClearAlarms,
 }

@@ -14,10 +14,10 @@ from urllib.parse import unquote
 
 import structlog
 
-from .address import check_actor_name
-from .errors import HostClosed, Overloaded, Quarantined
-from .http import Headers, Request, Response, error_response, parse_query, without_reserved
-from .runtime.host import Host
+from ..address import check_actor_name
+from ..errors import HostClosed, Overloaded, Quarantined
+from ..http import Headers, Request, Response, error_response, parse_query, without_reserved
+from ..runtime.host import Host
 
 log = structlog.get_logger("actorkeep")
 

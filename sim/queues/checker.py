@@ -39,8 +39,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .check import Violation
-from .history import History, Op
+from ..check import Violation
+from ..history import History, Op
 
 _PAST = {"lease": "leased", "deliver": "delivered", "get": "read", "dead": "dead-lettered"}
 #: Operations that send: their args hold ``bodies``, their ok result the ids in order.

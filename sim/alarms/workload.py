@@ -17,11 +17,10 @@ from typing import Any
 import trio
 
 import actorkeep as ak
-from actorkeep.runtime.alarms import FIRST_RETRY_DELAY, MAX_RETRIES
+from actorkeep.runtime.alarm_store import FIRST_RETRY_DELAY, MAX_RETRIES
 
-from .history import Status
-from .kv_workload import timed_faults
-from .world import World
+from ..history import Status
+from ..world import World
 
 TIMER_CLASS = "timer"
 #: Long enough after the heal and the longest delay for every alarm, late alarm and retry to
@@ -181,7 +180,7 @@ def run_alarm_workload(
             if fault_count:
                 span = plan.ops_per_process * (sum(plan.think) / len(plan.think) + 0.01) + 0.05
                 nursery.start_soon(
-                    timed_faults, w, w.rng("timed-faults"), fault_count, span, power_p
+                    w.timed_faults, w.rng("timed-faults"), fault_count, span, power_p
                 )
         w.heal()
         recorder.healed = True

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..http import Response, error_response
 from .front import Front
-from .http import Response, error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

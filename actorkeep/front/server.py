@@ -18,15 +18,16 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import Any
 
 import h11
 import structlog
 import trio
 
+from ..http import Response, error_response
+from ..runtime.host import Host
+from .connections import Connection, Connections
 from .front import Front
-from .http import Response, error_response
-from .runtime.host import Host
 
 log = structlog.get_logger("actorkeep")
 
@@ -38,9 +39,6 @@ LAST_WORDS = 1.0
 #: After ``transfer_grace``, every window of this many seconds must bring ``min_rate`` bytes
 #: per second of a body (or the rest of it): a body may not bank a fast start and then trickle.
 RATE_WINDOW = 5.0
-#: When the in-flight budget runs short, uploads slower than this many times ``min_rate`` in
-#: their current window are closed, slowest first, to make room.
-RECLAIM_BELOW = 4.0
 #: At most this many refusals (at the cap) are written at once; beyond, connections are
 #: closed at once.
 MAX_REFUSING = 64
@@ -85,39 +83,6 @@ class ServerLimits:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 
-#: Where a connection is: new with nothing sent yet, idle between keep-alive requests, part of
-#: a head, part of a body, or with the host (then it is never closed to make room).
-Stage = Literal["fresh", "idle", "head", "body", "busy"]
-#: A new connection gets this long to send its first bytes, and an upload this long to show
-#: its rate, before either may be closed to make room for another connection.
-FRESH_GRACE = 0.5
-JUDGE_AFTER = 0.005
-
-
-class _Connection:
-    """One client connection: the cancel scope that closes it, where it is, and the bytes of
-    its request body it holds of the host's in-flight budget."""
-
-    __slots__ = ("held", "scope", "since", "stage", "window_base", "window_start")
-
-    def __init__(self) -> None:
-        self.scope = trio.CancelScope()
-        self.stage: Stage = "fresh"
-        self.since = trio.current_time()  # when it entered its stage
-        self.held = 0
-        self.window_start = 0.0  # the body's current rate window: when it began,
-        self.window_base = 0  # and how many bytes had arrived then
-
-    def rate(self, now: float) -> float:
-        """Bytes per second of its body in the current window."""
-        return (self.held - self.window_base) / max(now - self.window_start, 0.001)
-
-    def slow(self, now: float, below: float) -> bool:
-        """Whether its body comes slower than ``below`` bytes a second (a body just begun is
-        not judged yet)."""
-        return now - self.window_start >= JUDGE_AFTER and self.rate(now) < below
-
-
 class _Timeout(Exception):
     """The client did not send what it should have in time."""
 
@@ -140,28 +105,24 @@ class HttpServer:
         self.host = front.host
         self.limits = limits or ServerLimits()
         self.draining = False
-        self._open: set[_Connection] = set()
-        #: Connections waiting for their client, by stage, longest first (dicts keep insertion
-        #: order): the ones closed to make room.
-        self._waiting: dict[Stage, dict[_Connection, None]] = {
-            "fresh": {},
-            "idle": {},
-            "head": {},
-            "body": {},
-        }
+        self._conns = Connections(self.limits.min_rate, self.host.inflight)
         self._refusing = 0
         self._handling = 0
         self._handled_all = trio.Event()
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
-        self.shed = 0  # connections closed to make room for new ones (or their bytes)
         self.refused = 0  # connections refused at the cap
-        self.host.inflight.reclaim = self._reclaim
+        self.host.inflight.reclaim = self._conns.reclaim
 
     @property
     def connections(self) -> int:
         """Connections open now."""
-        return len(self._open)
+        return len(self._conns)
+
+    @property
+    def shed(self) -> int:
+        """Connections closed to make room for new ones (or for their bytes)."""
+        return self._conns.shed
 
     # -- accepting --------------------------------------------------------------------------
     async def accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
@@ -175,14 +136,13 @@ class HttpServer:
                         raise
                     self._note_accept_error(exc)
                     # Closing a waiting connection frees a descriptor once its task has run.
-                    await trio.sleep(0 if self._shed_one() else 0.05)
+                    await trio.sleep(0 if self._conns.shed_one() else 0.05)
                     continue
-                if len(self._open) >= self.limits.max_connections and not self._shed_one():
+                conns = self._conns
+                if len(conns) >= self.limits.max_connections and not conns.shed_one():
                     self._refuse(stream, nursery)
                     continue
-                conn = _Connection()
-                self._open.add(conn)
-                self._waiting["fresh"][conn] = None
+                conn = conns.add()
                 nursery.start_soon(self._serve_connection, conn, stream)
 
     def _note_accept_error(self, exc: OSError) -> None:
@@ -193,72 +153,10 @@ class HttpServer:
                 "accept failed: out of file descriptors or memory; closing waiting connections",
                 error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
                 times=self._accept_errors,
-                connections=len(self._open),
+                connections=len(self._conns),
             )
             self._accept_error_logged = now
             self._accept_errors = 0
-
-    def _stage(self, conn: _Connection, stage: Stage) -> None:
-        """Move ``conn`` to ``stage`` (to the end of its line)."""
-        if conn.stage != "busy":
-            self._waiting[conn.stage].pop(conn, None)
-        conn.stage = stage
-        conn.since = trio.current_time()
-        if stage != "busy":
-            self._waiting[stage][conn] = None
-
-    def _close(self, conn: _Connection) -> None:
-        if conn.stage != "busy":
-            self._waiting[conn.stage].pop(conn, None)
-            conn.stage = "busy"
-        conn.scope.cancel()
-        self.shed += 1
-
-    def _shed_one(self) -> bool:
-        """Close one connection to make room: the longest-waiting of the idle keep-alive
-        connections, the new ones that sent nothing in ``FRESH_GRACE`` seconds, the half-sent
-        heads and the uploads slower than ``RECLAIM_BELOW`` x ``min_rate``. Only when there is
-        none of those, a new connection still in its grace (a flood of new connections sheds
-        its own), then the slowest upload. Never one whose request is with the host."""
-        now = trio.current_time()
-        fresh, bodies = self._waiting["fresh"], self._waiting["body"]
-        slow = RECLAIM_BELOW * self.limits.min_rate
-        candidates = [
-            next(iter(self._waiting["idle"]), None),
-            next((c for c in fresh if c.since <= now - FRESH_GRACE), None),
-            next(iter(self._waiting["head"]), None),
-            next((c for c in bodies if c.slow(now, slow)), None),
-        ]
-        waiting = [c for c in candidates if c is not None]
-        if waiting:
-            self._close(min(waiting, key=lambda c: c.since))
-            return True
-        if fresh:
-            self._close(next(iter(fresh)))
-            return True
-        if bodies:
-            self._close(min(bodies, key=lambda c: c.rate(now)))
-            return True
-        return False
-
-    def _reclaim(self, needed: int) -> None:
-        """Close slow uploads (under ``RECLAIM_BELOW`` x ``min_rate`` in their current
-        window), slowest first, until ``needed`` bytes of the in-flight budget are free.
-        Faster uploads are kept: when they alone fill the budget, new bodies get 503."""
-        budget = self.host.inflight
-        now = trio.current_time()
-        slow = RECLAIM_BELOW * self.limits.min_rate
-        candidates = sorted(
-            (c for c in self._waiting["body"] if c.held and c.slow(now, slow)),
-            key=lambda c: c.rate(now),
-        )
-        for conn in candidates:
-            if needed <= 0:
-                return
-            self._close(conn)
-            budget.give(conn.held)
-            needed -= conn.held
-            conn.held = 0
 
     def _refuse(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.refused += 1
@@ -280,10 +178,7 @@ class HttpServer:
     def drain(self) -> None:
         """Stop taking requests: waiting connections close now, the rest after their reply."""
         self.draining = True
-        for line in self._waiting.values():
-            for conn in line:
-                conn.scope.cancel()
-            line.clear()
+        self._conns.close_waiting()
         if self._handling == 0:
             self._handled_all.set()
 
@@ -293,7 +188,7 @@ class HttpServer:
             await self._handled_all.wait()
 
     # -- one connection ---------------------------------------------------------------------
-    async def _serve_connection(self, conn: _Connection, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, conn: Connection, stream: trio.SocketStream) -> None:
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         try:
             with conn.scope:
@@ -307,12 +202,10 @@ class HttpServer:
                 scope.shield = True
                 await self._answer(h, stream, _internal_error(error_id))
         finally:
-            self._open.discard(conn)
-            if conn.stage != "busy":
-                self._waiting[conn.stage].pop(conn, None)
+            self._conns.remove(conn)
             await trio.aclose_forcefully(stream)
 
-    async def _requests(self, conn: _Connection, h: h11.Connection, stream: Any) -> None:
+    async def _requests(self, conn: Connection, h: h11.Connection, stream: Any) -> None:
         limits = self.limits
         served = 0
         deadline = trio.current_time() + limits.header_timeout
@@ -332,7 +225,7 @@ class HttpServer:
                 return
             assert isinstance(event, h11.Request), event
             request, event = event, None
-            self._stage(conn, "body")
+            self._conns.move(conn, "body")
             served += 1
             self._handling += 1
             try:
@@ -352,7 +245,7 @@ class HttpServer:
             if close or h.our_state is h11.MUST_CLOSE or self.draining:
                 return
             h.start_next_cycle()
-            self._stage(conn, "idle")
+            self._conns.move(conn, "idle")
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as exc:
@@ -365,16 +258,16 @@ class HttpServer:
                     h.receive_data(await stream.receive_some(RECEIVE_SIZE))
                 if idle.cancelled_caught:
                     return
-                self._stage(conn, "head")
+                self._conns.move(conn, "head")
             deadline = trio.current_time() + limits.header_timeout
 
     async def _handle(
-        self, conn: _Connection, h: h11.Connection, stream: Any, request: h11.Request
+        self, conn: Connection, h: h11.Connection, stream: Any, request: h11.Request
     ) -> Response:
         """Read the body and ask the front. ``_Refused`` if the request must not run.
 
         Until the body is whole the connection still waits for its client, and may be closed
-        to make room (``_shed_one``); from then on it waits for the host, and is kept."""
+        to make room (``Connections.shed_one``); from then on it waits for the host, and is kept."""
         host = self.host
         if request.http_version not in (b"1.1", b"1.0"):
             raise _Refused(error_response(505, "HTTPVersionNotSupported", "HTTP/1.1 only"))
@@ -403,13 +296,13 @@ class HttpServer:
         finally:
             host.inflight.give(conn.held)  # the front takes the whole body's share itself
             conn.held = 0
-        self._stage(conn, "busy")
+        self._conns.move(conn, "busy")
         target = request.target.decode("latin-1")
         path, _, query = target.partition("?")
         return await self.front.handle(request.method.decode("ascii"), path, query, headers, body)
 
     async def _read_body(
-        self, conn: _Connection, h: h11.Connection, stream: Any, length: int | None
+        self, conn: Connection, h: h11.Connection, stream: Any, length: int | None
     ) -> bytes:
         """The request body, in time, taking its share of the in-flight budget as it arrives
         (``conn.held``): a declared length costs nothing until the bytes come.
@@ -453,7 +346,7 @@ class HttpServer:
                 raise trio.BrokenResourceError("the client left mid-body")
 
     async def _next_event(
-        self, h: h11.Connection, stream: Any, deadline: float, conn: _Connection | None = None
+        self, h: h11.Connection, stream: Any, deadline: float, conn: Connection | None = None
     ) -> Any:
         """h11's next event, receiving until ``deadline`` (``_Timeout``). With ``conn``, the
         first bytes of a request move it to "head"."""
@@ -467,7 +360,7 @@ class HttpServer:
                 if data and not partial:
                     partial = True
                     if conn is not None and conn.stage in ("fresh", "idle"):
-                        self._stage(conn, "head")
+                        self._conns.move(conn, "head")
                 h.receive_data(data)
                 continue
             raise _Timeout(partial)

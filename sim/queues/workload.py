@@ -29,9 +29,8 @@ import queues
 from actorkeep.queue import Ack, Config, Lease, Retry, RetryLater
 from actorkeep.wire.queue import Outcome
 
-from .history import Op, Status
-from .kv_workload import timed_faults
-from .world import World
+from ..history import Op, Status
+from ..world import World
 
 QUEUE_CLASS = "queue"
 CLIENT_CLASS = "sim-queue-client"
@@ -457,7 +456,7 @@ def run_queue_workload(
                 think = sum(plan.think) / len(plan.think)
                 span = plan.rounds * (think + 0.05) + 0.1
                 nursery.start_soon(
-                    timed_faults, w, w.rng("timed-faults"), fault_count, span, power_p
+                    w.timed_faults, w.rng("timed-faults"), fault_count, span, power_p
                 )
         w.heal()
         recorder.healed = True

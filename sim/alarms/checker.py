@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from actorkeep.runtime.alarms import MAX_RETRIES, retry_delay
+from actorkeep.runtime.alarm_store import MAX_RETRIES, retry_delay
 
-from .check import Violation
-from .history import NEVER, Fault, History, Op
+from ..check import Violation
+from ..history import NEVER, Fault, History, Op
 
 EPS = 1e-6
 

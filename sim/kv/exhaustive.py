@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 from actorkeep.kv import shard_for
 
-from .check import Violation
-from .history import NEVER, History, Op
+from ..check import Violation
+from ..history import NEVER, History, Op
 
 KV_CLASS = "kv"
 INVARIANT = "linearizable"

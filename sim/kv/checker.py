@@ -29,8 +29,8 @@ from typing import Any
 
 from actorkeep.kv import shard_for
 
-from .check import Violation
-from .history import History, Op
+from ..check import Violation
+from ..history import History, Op
 
 KV_CLASS = "kv"
 

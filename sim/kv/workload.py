@@ -17,8 +17,8 @@ import trio
 import actorkeep as ak
 import shards
 
-from .history import Status
-from .world import World
+from ..history import Status
+from ..world import World
 
 KV_CLASS = "kv"
 CLIENT_CLASS = "sim-kv-client"
@@ -183,17 +183,6 @@ def _learn(
         note(args["key"], result["conflict"])
 
 
-async def timed_faults(
-    world: World, rng: random.Random, count: int, span: float, power_p: float
-) -> None:
-    """``count`` timed crashes or power losses spread over ``span`` virtual seconds."""
-    for _ in range(count):
-        await trio.sleep(rng.uniform(0.0, span / max(count, 1)))
-        power = rng.random() < power_p
-        if world.crash(power_loss=power):
-            await world.restart(rng.uniform(0.0, 0.5))
-
-
 async def kv_final_reads(world: World, plan: KVPlan) -> None:
     """After the faults: every key and a full list must answer (liveness)."""
     await world.wait_up()
@@ -218,7 +207,7 @@ def run_kv_workload(
             if fault_count:
                 span = plan.ops_per_process * (sum(plan.think) / len(plan.think) + 0.005) + 0.05
                 nursery.start_soon(
-                    timed_faults, w, rng_for("timed-faults"), fault_count, span, power_p
+                    w.timed_faults, rng_for("timed-faults"), fault_count, span, power_p
                 )
         w.heal()
         await kv_final_reads(w, plan)

@@ -1,0 +1,150 @@
+"""The server's open connections, where each one is, and which to close to make room.
+
+A connection is *fresh* (nothing sent yet), *idle* (between keep-alive requests), in a *head*,
+in a *body*, or *busy* (its request is with the host: never closed to make room). Each waiting
+stage is a line, longest-waiting first. At the connection cap, and when the in-flight budget
+runs short, the server asks this table which connection to close (decision 0010).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import trio
+
+from ..runtime.budget import ByteBudget
+
+Stage = Literal["fresh", "idle", "head", "body", "busy"]
+#: A new connection gets this long to send its first bytes, and an upload this long to show
+#: its rate, before either may be closed to make room for another connection.
+FRESH_GRACE = 0.5
+JUDGE_AFTER = 0.005
+#: When the in-flight budget runs short, uploads slower than this many times ``min_rate`` in
+#: their current window are closed, slowest first, to make room.
+RECLAIM_BELOW = 4.0
+
+
+class Connection:
+    """One client connection: the cancel scope that closes it, where it is, and the bytes of
+    its request body it holds of the host's in-flight budget."""
+
+    __slots__ = ("held", "scope", "since", "stage", "window_base", "window_start")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stage: Stage = "fresh"
+        self.since = trio.current_time()  # when it entered its stage
+        self.held = 0
+        self.window_start = 0.0  # the body's current rate window: when it began,
+        self.window_base = 0  # and how many bytes had arrived then
+
+    def rate(self, now: float) -> float:
+        """Bytes per second of its body in the current window."""
+        return (self.held - self.window_base) / max(now - self.window_start, 0.001)
+
+    def slow(self, now: float, below: float) -> bool:
+        """Whether its body comes slower than ``below`` bytes a second (a body just begun is
+        not judged yet)."""
+        return now - self.window_start >= JUDGE_AFTER and self.rate(now) < below
+
+
+class Connections:
+    """The open connections, in line by stage. ``min_rate``: the bytes per second a body
+    must bring (``ServerLimits.min_rate``); ``budget``: the host's in-flight bytes."""
+
+    def __init__(self, min_rate: float, budget: ByteBudget) -> None:
+        self._slow = RECLAIM_BELOW * min_rate
+        self._budget = budget
+        self._open: set[Connection] = set()
+        #: Connections waiting for their client, by stage, longest first (dicts keep insertion
+        #: order): the ones closed to make room.
+        self._waiting: dict[Stage, dict[Connection, None]] = {
+            "fresh": {},
+            "idle": {},
+            "head": {},
+            "body": {},
+        }
+        self.shed = 0  # connections closed to make room for new ones (or their bytes)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self) -> Connection:
+        """A new, fresh connection."""
+        conn = Connection()
+        self._open.add(conn)
+        self._waiting["fresh"][conn] = None
+        return conn
+
+    def remove(self, conn: Connection) -> None:
+        """``conn`` has ended."""
+        self._open.discard(conn)
+        if conn.stage != "busy":
+            self._waiting[conn.stage].pop(conn, None)
+
+    def move(self, conn: Connection, stage: Stage) -> None:
+        """Move ``conn`` to ``stage`` (to the end of its line)."""
+        if conn.stage != "busy":
+            self._waiting[conn.stage].pop(conn, None)
+        conn.stage = stage
+        conn.since = trio.current_time()
+        if stage != "busy":
+            self._waiting[stage][conn] = None
+
+    def close(self, conn: Connection) -> None:
+        """Close ``conn`` to make room."""
+        if conn.stage != "busy":
+            self._waiting[conn.stage].pop(conn, None)
+            conn.stage = "busy"
+        conn.scope.cancel()
+        self.shed += 1
+
+    def close_waiting(self) -> None:
+        """Close every connection that waits for its client (shutdown)."""
+        for line in self._waiting.values():
+            for conn in line:
+                conn.scope.cancel()
+            line.clear()
+
+    def shed_one(self) -> bool:
+        """Close one connection to make room: the longest-waiting of the idle keep-alive
+        connections, the new ones that sent nothing in ``FRESH_GRACE`` seconds, the half-sent
+        heads and the uploads slower than ``RECLAIM_BELOW`` x ``min_rate``. Only when there is
+        none of those, a new connection still in its grace (a flood of new connections sheds
+        its own), then the slowest upload. Never one whose request is with the host."""
+        now = trio.current_time()
+        fresh, bodies = self._waiting["fresh"], self._waiting["body"]
+        candidates = [
+            next(iter(self._waiting["idle"]), None),
+            next((c for c in fresh if c.since <= now - FRESH_GRACE), None),
+            next(iter(self._waiting["head"]), None),
+            next((c for c in bodies if c.slow(now, self._slow)), None),
+        ]
+        waiting = [c for c in candidates if c is not None]
+        if waiting:
+            self.close(min(waiting, key=lambda c: c.since))
+            return True
+        if fresh:
+            self.close(next(iter(fresh)))
+            return True
+        if bodies:
+            self.close(min(bodies, key=lambda c: c.rate(now)))
+            return True
+        return False
+
+    def reclaim(self, needed: int) -> None:
+        """Close slow uploads (under ``RECLAIM_BELOW`` x ``min_rate`` in their current
+        window), slowest first, until ``needed`` bytes of the in-flight budget are free.
+        Faster uploads are kept: when they alone fill the budget, new bodies get 503."""
+        now = trio.current_time()
+        candidates = sorted(
+            (c for c in self._waiting["body"] if c.held and c.slow(now, self._slow)),
+            key=lambda c: c.rate(now),
+        )
+        for conn in candidates:
+            if needed <= 0:
+                return
+            self.close(conn)
+            self._budget.give(conn.held)
+            needed -= conn.held
+            conn.held = 0

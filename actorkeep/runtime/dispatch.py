@@ -1,0 +1,291 @@
+"""Dispatch: events onto activations, one worker task per active actor, and the inline path.
+
+A caller (an HTTP request task, or another actor's worker) appends an event to the actor's
+inbox and parks until the worker hands back the reply (handoff.py); a handler that cannot
+suspend runs in its caller's task when the actor is idle (decision 0001). The host starts the
+dispatcher with its nursery once open, and every change of the activation table goes
+through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import outcome
+import structlog
+import trio
+from trio.lowlevel import current_task
+
+from ..actor import Actor
+from ..address import check_actor_name, split_address
+from ..app import ActorClass
+from ..errors import HostClosed, Overloaded, Quarantined
+from ..http import Response
+from .activation import Activation, ActivationHost, reset_current_actor, set_current_actor
+from .activations import Activations
+from .alarms import AlarmScheduler
+from .failures import Failures, quarantine_message
+from .faults import FaultHooks
+from .handoff import STOP, CallTimeouts, Event, park, wake
+from .registry import Quarantine
+from .storage import is_damage, out_of_descriptors
+
+log = structlog.get_logger("actorkeep")
+
+#: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
+INLINE_YIELD_EVERY = 32
+
+
+class Dispatcher:
+    """Runs events on the activations of ``host``'s actors.
+
+    ``start(nursery, quarantine, alarms)`` once the host is open; ``closing`` is set when it
+    closes (no new activations, no new workers).
+    """
+
+    def __init__(
+        self,
+        host: ActivationHost,
+        classes: dict[str, ActorClass],
+        idle_timeout: float,
+        max_active: int,
+        timeouts: CallTimeouts,
+        failures: Failures,
+        faults: FaultHooks | None,
+        max_pending: int,
+        buggify: Callable[[str], bool],
+    ) -> None:
+        self.host = host
+        self.classes = classes
+        self.activations = Activations(idle_timeout, max_active, self.start_worker)
+        self.timeouts = timeouts
+        self.failures = failures
+        self.faults = faults
+        self.max_pending = max_pending
+        self.buggify = buggify
+        self.quarantine: Quarantine | None = None
+        self.alarms: AlarmScheduler | None = None
+        self.closing = False
+        self._nursery: trio.Nursery | None = None
+        self._inline_budget = INLINE_YIELD_EVERY
+
+    def start(self, nursery: trio.Nursery, quarantine: Quarantine, alarms: AlarmScheduler) -> None:
+        self._nursery = nursery
+        self.quarantine = quarantine
+        self.alarms = alarms
+
+    def start_worker(self, act: Activation) -> None:
+        """The activation table's callback for a new activation: its worker task."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._worker, act, name=f"actor {act.address}")
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        if self._nursery is not None and not self.closing:
+            self._nursery.start_soon(fn, *args)
+
+    async def dispatch(
+        self,
+        address: str,
+        actor_class: ActorClass,
+        name: str,
+        ev: Event,
+        timeout: float | None,
+        hooked: bool = False,
+    ) -> Response:
+        if self.faults is not None and ev.chain and not hooked:
+            # Under the simulator: the call may be delayed, refused or lose its reply, and an
+            # inline-safe handler may run on the worker instead.
+            await self.faults.before_call(ev.chain, address)
+            if ev.inline and self.faults.buggify("host.no-inline"):
+                ev.inline = False
+            resp = await self.dispatch(address, actor_class, name, ev, timeout, hooked=True)
+            self.faults.after_call(ev.chain, address)
+            return resp
+        if ev.inline:
+            # Every call can be cancelled here; and the host yields to the scheduler at least
+            # once per INLINE_YIELD_EVERY inline calls, so a loop of them cannot starve others.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._inline_budget -= 1
+            if self._inline_budget <= 0:
+                self._inline_budget = INLINE_YIELD_EVERY
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            act = self.activations.get(address)
+            if act is not None and act.parked and act.instance is not None:
+                return await self._run_inline(act, ev)
+        self.enqueue(self.activation(address, actor_class, name), ev, limit=True)
+        return await self.timeouts.wait_reply(ev, timeout)
+
+    async def _run_inline(self, act: Activation, ev: Event) -> Response:
+        """Run a handler that cannot suspend in the caller's task, while its actor is idle.
+
+        Its worker is parked with nothing queued, and the handler has no yield point, so it
+        runs from start to end with nothing else running: one event at a time and FIFO hold,
+        and no timeout or cancellation can reach it. It is what the worker would do, without
+        the two task switches (decision 0001).
+        """
+        inst = act.instance
+        assert inst is not None
+        act.current = ev
+        damaged = False
+        token = set_current_actor(inst)
+        try:
+            resp = ev.response(await ev.call_handler(inst), _in_transaction(act))
+        except Exception as exc:
+            resp = self.failures.failed(act, exc, ev.from_outside)
+            damaged = is_damage(exc)
+        finally:
+            reset_current_actor(token)
+            self._after_event(act)
+        if damaged:
+            raise Quarantined(quarantine_message(act.address))
+        return resp
+
+    def activation(self, address: str, actor_class: ActorClass, name: str) -> Activation:
+        if self.closing or self._nursery is None:
+            raise HostClosed("the host is closed")
+        act = self.activations.get(address)
+        if act is not None:
+            self.activations.touch(act)
+            return act
+        if self.quarantine is not None and address in self.quarantine:
+            raise Quarantined(quarantine_message(address))
+        check_actor_name(name)  # the one place a file can come into being: never trust callers
+        act = Activation(self.host, actor_class, address, name)
+        self.activations.add(act)
+        return act
+
+    def enqueue(self, act: Activation, ev: Event, limit: bool) -> None:
+        if limit and len(act.inbox) >= self.max_pending:
+            raise Overloaded(f"{act.address} has {len(act.inbox)} waiting events")
+        act.inbox.append(ev)
+        if act.parked:
+            act.parked = False
+            assert act.task is not None
+            wake(act.task)
+
+    async def _worker(self, act: Activation) -> None:
+        act.task = current_task()
+        inbox = act.inbox
+        try:
+            while True:
+                if not inbox:
+                    if act.closed:
+                        return  # evicted while its last event ran
+                    act.parked = True
+                    if await park() is STOP:
+                        return
+                    continue
+                ev = inbox.popleft()
+                if ev.abandoned:  # its caller is gone: skip it, but it was activity
+                    self.activations.used(act)
+                    continue
+                act.current = ev
+                try:
+                    if ev.kind == "alarm":
+                        assert self.alarms is not None
+                        await self.alarms.run(act)
+                    else:
+                        self.timeouts.reply(ev, await self._run(act, ev))
+                except BaseException:  # cancelled: the host is closing; answer the caller
+                    closed = HostClosed(f"{act.address} was shut down")
+                    self.timeouts.reply(ev, outcome.Error(closed))
+                    raise
+                finally:
+                    self._after_event(act)
+        finally:
+            self.retire(act)
+
+    def _after_event(self, act: Activation) -> None:
+        act.current = None
+        self.activations.used(act)
+        if not act.closed and not act.inbox and self.buggify("host.evict-after-event"):
+            self.activations.evict(act)
+
+    def retire(self, act: Activation) -> None:
+        """Forget an activation whose worker has ended; fail the events it will never run."""
+        self.activations.forget(act)
+        while act.inbox:  # an outcome is unwrapped once: one each
+            closed = HostClosed(f"{act.address} was shut down")
+            self.timeouts.reply(act.inbox.popleft(), outcome.Error(closed))
+        act.close()
+
+    async def open_instance(self, act: Activation) -> Actor:
+        """The actor's instance: its database opened and ``setup()`` run if need be."""
+        inst = act.instance
+        if inst is None:
+            if act.db is None:
+                act.open_db()
+            inst = act.new_instance()
+            await inst.setup()
+        return inst
+
+    async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
+        try:
+            inst = await self.open_instance(act)
+        except Exception as exc:
+            if out_of_descriptors(exc):
+                # Nothing of the event ran: the caller may try again, as for any overload.
+                self.failures.out_of_descriptors(act.address)
+                with contextlib.suppress(Exception):
+                    act.rollback()
+                act.discard_instance()
+                busy = Overloaded("the host is out of file descriptors for now", retry_after=1.0)
+                return outcome.Error(busy)
+            return self._event_failed(act, ev, exc)
+        try:
+            return outcome.Value(ev.response(await ev.call_handler(inst), _in_transaction(act)))
+        except Exception as exc:
+            return self._event_failed(act, ev, exc)
+
+    def _event_failed(
+        self, act: Activation, ev: Event, exc: Exception
+    ) -> outcome.Outcome[Response]:
+        """The reply of an event that raised: a 500, or ``Quarantined`` if its storage is
+        damaged (raised to the caller, as for every later event of the actor)."""
+        resp = self.failures.failed(act, exc, ev.from_outside)
+        if is_damage(exc):
+            return outcome.Error(Quarantined(quarantine_message(act.address)))
+        return outcome.Value(resp)
+
+    def fail(self, act: Activation, exc: Exception) -> None:
+        """A failed alarm event (alarms.AlarmRunner): as any failed event, nobody to answer."""
+        self.failures.failed(act, exc)
+
+    def take_out(self, act: Activation, message: str) -> None:
+        """A quarantined actor leaves memory; what waits for it is refused."""
+        self.activations.evict(act)
+        while act.inbox:  # an outcome is unwrapped once: one each
+            self.timeouts.reply(act.inbox.popleft(), outcome.Error(Quarantined(message)))
+
+    def fire_alarm(self, address: str, early: bool) -> None:
+        """Hand a due alarm to its actor (the scheduler marked it running)."""
+        try:
+            class_name, name = split_address(address)
+        except ValueError:
+            class_name = name = ""
+        actor_class = self.classes.get(class_name)
+        if actor_class is None or not actor_class.has_alarm:
+            # Keep the entry (and it stays marked running): the class may come back with the
+            # next deploy of the app.
+            log.warning("alarm for an actor class this app does not serve", address=address)
+            return
+        delay = 0.0 if self.faults is None or early else self.faults.alarm_delay(address)
+        if delay > 0:
+            self._spawn(self._fire_late, address, actor_class, name, delay)
+            return
+        self.enqueue(self.activation(address, actor_class, name), Event.alarm(), limit=False)
+
+    async def _fire_late(
+        self, address: str, actor_class: ActorClass, name: str, delay: float
+    ) -> None:
+        await trio.sleep(delay)
+        if self.closing:
+            return  # the alarm stays in the index: the next host fires it
+        act = self.activation(address, actor_class, name)
+        self.enqueue(act, Event.alarm(), limit=False)
+
+
+def _in_transaction(act: Activation) -> bool:
+    return act.db is not None and act.db.conn.in_transaction

@@ -1,0 +1,146 @@
+"""The one seed runner: a seed draws a scenario's plan and its faults, runs it in a ``World``
+and checks the history.
+
+A scenario (``sim/kv``, ``sim/alarms``, ``sim/queues``) is a ``Scenario``: how to draw its plan
+from the seed, and, given the plan, the planted bug (if any) and the faults, the ``Setup`` of
+one run: the app, extra host options, the workload and the checker.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .check import Violation, check_errors
+from .determinism import sub_rng
+from .faults import ALL_FAULTS, FaultDraw, draw_faults
+from .history import History
+from .world import World
+
+P = TypeVar("P")
+
+
+@dataclass
+class Setup:
+    """One run of a scenario, ready to go.
+
+    ``app``: what the world hosts. ``workload(world)``: the ``main`` to run in ``world`` (made
+    once the world exists, before it starts). ``check(history)``:
+    the scenario's violations (``check_errors`` is added for every scenario). ``ops(history)``:
+    how many operations the run checked. ``summary``: the plan's shape, for the history and
+    ``replay``. ``host_options``: more keyword arguments for ``Host``.
+    """
+
+    app: Any
+    workload: Callable[[World], Callable[[World], Awaitable[Any]]]
+    check: Callable[[History], list[Violation]]
+    ops: Callable[[History], int]
+    summary: dict[str, object]
+    host_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario(Generic[P]):
+    """A named scenario: ``salt`` names its random stream; ``bugs`` are its planted bugs
+    (name -> what ``setup`` gets instead of the real class); ``draw_plan`` draws the plan."""
+
+    name: str
+    salt: str
+    bugs: Mapping[str, Any]
+    draw_plan: Callable[[random.Random], P]
+    setup: Callable[[P, Any, FaultDraw], Setup]
+
+
+@dataclass
+class SeedResult:
+    """The outcome of one seed."""
+
+    seed: int
+    trace_hash: str
+    violations: list[Violation]
+    history: History
+    ops: int
+    counts: dict[str, int]
+    crashes: int
+    seconds: float
+    summary: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+#: Each run's host evicts idle actors after one of these (seconds): often, now and then, rarely.
+IDLE_TIMEOUTS = (0.05, 1.0, 30.0)
+
+
+def run_seed(
+    scenario: Scenario[Any],
+    seed: int,
+    bug: str | None = None,
+    faults: frozenset[str] = ALL_FAULTS,
+) -> SeedResult:
+    """Run ``scenario`` for ``seed`` (against the planted ``bug`` if given, with the fault kinds
+    ``faults``) and check it."""
+    started = time.perf_counter()
+    rng = sub_rng(seed, scenario.salt)
+    plan = scenario.draw_plan(rng)
+    draw = draw_faults(rng, faults)
+    idle_timeout = rng.choice(IDLE_TIMEOUTS)
+    planted = scenario.bugs[bug] if bug is not None else None
+    setup = scenario.setup(plan, planted, draw)
+    host_options = {"idle_timeout": idle_timeout, **setup.host_options}
+    world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
+    summary: dict[str, object] = {
+        "scenario": scenario.name,
+        **setup.summary,
+        **draw.summary(),
+        "idle_timeout": idle_timeout,
+        "bug": bug,
+    }
+    world.history.note(f"scenario {summary}")
+    world.run(setup.workload(world))
+    history = world.history
+    violations = check_errors(history) + setup.check(history)
+    return seed_result(seed, world, violations, setup.ops(history), started, summary)
+
+
+def seed_result(
+    seed: int,
+    world: World,
+    violations: list[Violation],
+    ops: int,
+    started: float,
+    summary: dict[str, object],
+) -> SeedResult:
+    """The outcome of a finished run of ``world``."""
+    history = world.history
+    if world.current is not None:
+        world.quarantined.update(world.current.host.quarantined)
+    violations = violations + [
+        Violation("no-false-damage", f"{address} was quarantined: {reason}")
+        for address, reason in sorted(world.quarantined.items())
+    ]
+    return SeedResult(
+        seed,
+        world.trace_hash(),
+        violations,
+        history,
+        ops,
+        history.counts(),
+        world.crashes,
+        time.perf_counter() - started,
+        summary,
+    )
+
+
+def replay_command(
+    seed: int, bug: str | None = None, scenario: str = "kv", faults: frozenset[str] = ALL_FAULTS
+) -> str:
+    cmd = f"python -m sim replay {seed} --scenario {scenario}"
+    if faults != ALL_FAULTS:
+        cmd += f" --faults {','.join(sorted(faults)) or 'none'}"
+    return cmd + (f" --bug {bug}" if bug else "")
