@@ -117,10 +117,10 @@ class Response:
         headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         body: bytes = b"",
     ) -> None:
-        if not isinstance(body, bytes | bytearray):
+        if type(body) is not bytes and not isinstance(body, bytes | bytearray):
             raise TypeError(f"a Response body is bytes, not {type(body).__name__}")
         self.status = status
-        self.headers = headers if isinstance(headers, Headers) else Headers(headers)
+        self.headers = headers if type(headers) is Headers else Headers(headers)
         self.body = body
 
     def __repr__(self) -> str:
@@ -138,9 +138,28 @@ def without_reserved(pairs: Iterable[tuple[str, str]]) -> Iterator[tuple[str, st
     return ((k, v) for k, v in pairs if not k.lower().startswith(RESERVED_HEADER_PREFIX))
 
 
+#: ``(caller, id(headers)) -> (headers, the call's headers)`` for the shared, read-only
+#: ``Headers`` objects SDK clients pass on every call (``headers`` is kept to pin its id).
+_CALL_HEADERS: dict[tuple[str, int], tuple[Headers, Headers]] = {}
+_CALL_HEADERS_MAX = 4096
+
+
 def call_headers(caller: str, headers: Mapping[str, str] | None) -> Headers:
     """The headers of a call from ``caller``: what it passed, without reserved ones, and the
     caller header."""
+    if type(headers) is Headers:
+        cached = _CALL_HEADERS.get((caller, id(headers)))
+        if cached is not None and cached[0] is headers:
+            return cached[1]
+        made = _call_headers(caller, headers)
+        if len(_CALL_HEADERS) >= _CALL_HEADERS_MAX:
+            _CALL_HEADERS.clear()
+        _CALL_HEADERS[caller, id(headers)] = (headers, made)
+        return made
+    return _call_headers(caller, headers)
+
+
+def _call_headers(caller: str, headers: Mapping[str, str] | None) -> Headers:
     if type(headers) is Headers:  # lower case already: copy unless it holds reserved names
         hdrs = headers._map.copy()
         for k in headers._map:

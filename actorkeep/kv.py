@@ -177,7 +177,7 @@ class Client:
         return await self._get(check_key(key))
 
     async def _get(self, k: bytes) -> Entry | None:
-        reply = await self._call(k, wire.GET, wire.GET.frame(key=k))
+        reply = await self._call(k, wire.GET, wire.GET.pack(key=k))  # k is checked
         found = reply["entry"]
         entry = None if found is None else Entry(k, found[0], found[1], _seconds(found[2]))
         self._remember(k, entry)
@@ -224,8 +224,9 @@ class Client:
         """Write with an expectation; ``Conflict`` if it fails (nothing is written)."""
         k = check_key(key)
         v = check_value(value)
-        ttl, local = options.ttl, bool(options.local)
-        frame = wire.PUT.frame(
+        ttl, local = wire.check_ttl(options.ttl), bool(options.local)
+        # Every field checked above with the protocol's own checks (expect by _wire_expect).
+        frame = wire.PUT.pack(
             key=k, value=v, expect=_wire_expect(options.expect), ttl=ttl, local=local
         )
         try:
@@ -254,7 +255,7 @@ class Client:
         """Delete ``key`` if it is as ``expect`` says, else ``Conflict``."""
         k = check_key(key)
         try:
-            frame = wire.DELETE.frame(key=k, expect=_wire_expect(expect))
+            frame = wire.DELETE.pack(key=k, expect=_wire_expect(expect))  # both checked
             reply = await self._call(k, wire.DELETE, frame)
         except Conflict:
             self._forget(k)

@@ -10,7 +10,7 @@ import contextlib
 import random
 import sqlite3
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,14 +42,11 @@ def current_actor() -> Actor:
         raise RuntimeError("no actor event is running in this task") from None
 
 
-def set_current_actor(inst: Actor) -> Token[Actor]:
-    """Make ``inst`` the current actor of this task (an inline event runs in its caller's
-    task); ``reset_current_actor`` with the token undoes it."""
-    return _current_actor.set(inst)
-
-
-def reset_current_actor(token: Token[Actor]) -> None:
-    _current_actor.reset(token)
+#: ``set_current_actor(inst)``: make ``inst`` the current actor of this task (an inline event
+#: runs in its caller's task); ``reset_current_actor(token)`` with the token it returns undoes
+#: it. The context variable's own methods: no frame on the inline path.
+set_current_actor: Callable[[Actor], Token[Actor]] = _current_actor.set
+reset_current_actor: Callable[[Token[Actor]], None] = _current_actor.reset
 
 
 class ActorAlarms(Protocol):
@@ -79,7 +76,7 @@ class ActivationHost(Protocol):
 
     def register_soon(self, address: str, db: Database) -> None: ...
 
-    async def call(
+    def call(
         self,
         caller: str,
         chain: tuple[str, ...],
@@ -89,7 +86,7 @@ class ActivationHost(Protocol):
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
         timeout: float | None = 30.0,
-    ) -> Response: ...
+    ) -> Coroutine[Any, Any, Response]: ...
 
     async def call_rpc(
         self,

@@ -24,6 +24,8 @@ class Activations:
         self.max_active = max_active
         self._start = start
         self._table: OrderedDict[str, Activation] = OrderedDict()
+        #: ``get(address)``: the activation of ``address``, or None (the table's own method).
+        self.get: Callable[[str], Activation | None] = self._table.get
         self._evictor_scope: trio.CancelScope | None = None
 
     def __len__(self) -> int:
@@ -34,9 +36,6 @@ class Activations:
 
     def __iter__(self) -> Iterator[Activation]:
         return iter(list(self._table.values()))
-
-    def get(self, address: str) -> Activation | None:
-        return self._table.get(address)
 
     def add(self, act: Activation) -> None:
         """Take in a new activation, start its worker, and evict the least recently used

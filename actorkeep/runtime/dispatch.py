@@ -10,7 +10,6 @@ through here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import outcome
@@ -55,7 +54,6 @@ class Dispatcher:
         failures: Failures,
         faults: FaultHooks | None,
         max_pending: int,
-        buggify: Callable[[str], bool],
     ) -> None:
         self.host = host
         self.classes = classes
@@ -64,7 +62,6 @@ class Dispatcher:
         self.failures = failures
         self.faults = faults
         self.max_pending = max_pending
-        self.buggify = buggify
         self.quarantine: Quarantine | None = None
         self.alarms: AlarmScheduler | None = None
         self.closing = False
@@ -131,7 +128,9 @@ class Dispatcher:
         damaged = False
         token = set_current_actor(inst)
         try:
-            resp = ev.response(await ev.call_handler(inst), _in_transaction(act))
+            resp = ev.response(
+                await ev.call_handler(inst), act.db is not None and act.db.conn.in_transaction
+            )
         except Exception as exc:
             resp = self.failures.failed(act, exc, ev.from_outside)
             damaged = is_damage(exc)
@@ -200,7 +199,13 @@ class Dispatcher:
     def _after_event(self, act: Activation) -> None:
         act.current = None
         self.activations.used(act)
-        if not act.closed and not act.inbox and self.buggify("host.evict-after-event"):
+        faults = self.faults
+        if (
+            faults is not None
+            and not act.closed
+            and not act.inbox
+            and faults.buggify("host.evict-after-event")
+        ):
             self.activations.evict(act)
 
     def retire(self, act: Activation) -> None:
@@ -235,7 +240,11 @@ class Dispatcher:
                 return outcome.Error(busy)
             return self._event_failed(act, ev, exc)
         try:
-            return outcome.Value(ev.response(await ev.call_handler(inst), _in_transaction(act)))
+            return outcome.Value(
+                ev.response(
+                    await ev.call_handler(inst), act.db is not None and act.db.conn.in_transaction
+                )
+            )
         except Exception as exc:
             return self._event_failed(act, ev, exc)
 
@@ -285,7 +294,3 @@ class Dispatcher:
             return  # the alarm stays in the index: the next host fires it
         act = self.activation(address, actor_class, name)
         self.enqueue(act, Event.alarm(), limit=False)
-
-
-def _in_transaction(act: Activation) -> bool:
-    return act.db is not None and act.db.conn.in_transaction

@@ -123,7 +123,6 @@ class Host:
             self._failures,
             faults,
             max_pending,
-            self.buggify,
         )
         self.activations = self.dispatcher.activations
 
@@ -220,7 +219,7 @@ class Host:
             self.storage.close()
 
     # -- entry points ---------------------------------------------------------------------
-    async def call(
+    def call(
         self,
         caller: str,
         chain: tuple[str, ...],
@@ -230,12 +229,14 @@ class Host:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
         timeout: float | None = 30.0,
-    ) -> Response:
+    ) -> Coroutine[Any, Any, Response]:
         """An HTTP-shaped call from actor ``caller`` (whose chain of waiting callers is
-        ``chain``). ``ReentryError`` at once if ``address`` is in the chain."""
+        ``chain``): the router's coroutine for it. A bad address, path or body, and
+        ``ReentryError`` if ``address`` is in the chain, are raised at once."""
         class_name, name = split_address(address)
-        check_reentry(address, chain)
-        if not isinstance(body, bytes | bytearray):
+        if address in chain:
+            check_reentry(address, chain)
+        if type(body) is not bytes and not isinstance(body, bytes | bytearray):
             raise TypeError("body must be bytes")
         query: dict[str, str] = {}
         if "?" in path:
@@ -246,7 +247,7 @@ class Host:
         if type(body) is not bytes:
             body = bytes(body)
         request = Request(method.upper(), path, query, call_headers(caller, headers), body, caller)
-        return await self.router.deliver(class_name, name, request, chain, timeout)
+        return self.router.deliver(class_name, name, request, chain, timeout)
 
     async def call_as(
         self,
@@ -293,9 +294,10 @@ class Host:
         actor_class = self.classes.get(class_name)
         if actor_class is None:
             return error_response(404, "NotFound", f"no actor class {class_name!r}")
-        forbidden = self.access.refusal(actor_class, request.caller)
-        if forbidden is not None:
-            return error_response(403, "Forbidden", forbidden)
+        if request.caller is None or actor_class.allow is not None:  # else: no rule applies
+            forbidden = self.access.refusal(actor_class, request.caller)
+            if forbidden is not None:
+                return error_response(403, "Forbidden", forbidden)
         address = f"{class_name}/{name}"
         outside = request.caller is None
         error_reply = self._failures.error_reply

@@ -49,6 +49,7 @@ class _Required:
 
 #: The default of a field that must be present.
 REQUIRED: Final = _Required()
+_ABSENT: Final = object()
 
 Check = Callable[[Any], Any]
 S = TypeVar("S")
@@ -111,6 +112,11 @@ class Op:
         self.check(values)
         return codec.pack(values)
 
+    def pack(self, **values: Any) -> bytes:
+        """The frame of values the caller has already checked with this operation's own
+        field checks: packed as given, without checking them again."""
+        return codec.pack(values)
+
     def result(self, resp: Response) -> dict[str, Any]:
         """The reply map of a 2xx ``resp``; for an error status, the ``ak.RemoteError``
         subclass it means is raised."""
@@ -120,7 +126,11 @@ class Op:
 
     def reply(self, body: bytes) -> dict[str, Any]:
         """A reply map, its fields checked (``ValueError`` if the actor answered nonsense)."""
-        value = decode(body, f"{self.name} reply")
+        try:
+            value = codec.unpack(body)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            bad = type(exc).__name__
+            raise ValueError(f"{self.name} reply is not valid msgpack: {bad}") from None
         if not isinstance(value, dict):
             raise ValueError(f"{self.protocol.name} answered {self.name} with a malformed reply")
         try:
@@ -139,8 +149,9 @@ class Op:
         out: dict[str, Any] = {}
         found = 0
         for key, check, default in self._checks:
-            if key in values:
-                out[key] = check(values[key])
+            value = values.get(key, _ABSENT)
+            if value is not _ABSENT:
+                out[key] = check(value)
                 found += 1
             elif default is REQUIRED:
                 raise ValueError(f"{self.name}: missing field: {key}")
@@ -156,8 +167,12 @@ class Op:
     def decode(self, body: bytes, address: str = "") -> dict[str, Any]:
         """The checked frame in ``body``, as the actor at ``address`` gets it (``ValueError``
         says what is wrong)."""
-        value = decode(body, f"{self.name} frame")
-        if not isinstance(value, dict):
+        try:
+            value = codec.unpack(body)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            bad = type(exc).__name__
+            raise ValueError(f"{self.name} frame is not valid msgpack: {bad}") from None
+        if type(value) is not dict:
             raise ValueError(f"{self.name}: the frame must be a map")
         frame = self.check(value)
         if self._validate is not None:
@@ -176,14 +191,20 @@ class Op:
 
             @functools.wraps(fn)
             async def awaiting(self: S, req: Request) -> Response:
-                return reply_response(await fn(self, req.parsed))
+                reply = await fn(self, req.parsed)
+                if type(reply) is dict:
+                    return Response(200, MSGPACK_HEADERS, codec.pack(reply))
+                return reply_response(reply)
 
             wrapped = awaiting
         else:
 
             @functools.wraps(fn)
             async def plain(self: S, req: Request) -> Response:
-                return reply_response(fn(self, req.parsed))
+                reply = fn(self, req.parsed)
+                if type(reply) is dict:  # reply_response, inlined: it runs on every call
+                    return Response(200, MSGPACK_HEADERS, codec.pack(reply))
+                return reply_response(reply)
 
             wrapped = plain
         return route("POST", self.path, parse=self.parse)(wrapped)
