@@ -1,4 +1,4 @@
-"""``ak.Actor``: the base class of every actor (SPEC §2-5)."""
+"""``ak.Actor``: the base class of every actor (docs/reference.md §2-§5)."""
 
 from __future__ import annotations
 

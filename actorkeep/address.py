@@ -1,4 +1,4 @@
-"""Class names, actor names, addresses, and the file an actor lives in (SPEC §2-3)."""
+"""Class names, actor names, addresses, and the file an actor lives in (docs/reference.md §2-§3)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 CLASS_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
-ACTOR_NAME_RE = re.compile(r"[A-Za-z0-9.~:@+=-]{1,200}")
+ACTOR_NAME_RE = re.compile(r"[A-Za-z0-9._~:@+=-]{1,200}")
 
 # Characters kept as they are in file names. Everything else (upper case, ~ : @ + =) is escaped
 # as %XX, so names that differ only in case never share a file on case-insensitive disks.

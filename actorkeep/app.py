@@ -1,4 +1,4 @@
-"""``ak.App``: the registry of actor classes a host serves (SPEC §2, §6)."""
+"""``ak.App``: the registry of actor classes a host serves (docs/reference.md §2, §6)."""
 
 from __future__ import annotations
 

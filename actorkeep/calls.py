@@ -1,4 +1,4 @@
-"""``self.actors``: calls from one actor to another (SPEC §5)."""
+"""``self.actors``: calls from one actor to another (docs/reference.md §5)."""
 
 from __future__ import annotations
 

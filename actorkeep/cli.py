@@ -1,4 +1,4 @@
-"""``actorkeep serve MODULE:APP``: one host process serving HTTP/1.1 (actorkeep.server)."""
+"""``actorkeep serve MODULE:APP``: one host process serving HTTP/1.1 (actorkeep.front.server)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exceptions raised by the runtime and by calls between actors (SPEC §13)."""
+"""Exceptions raised by the runtime and by calls between actors (docs/reference.md §13)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,8 @@ def _json_response(obj: Any, status: int = 200) -> Response:
 
 
 class _JsonMember:
-    """``Response.json(obj)`` builds a JSON response; ``resp.json()`` decodes one (SPEC §2)."""
+    """``Response.json(obj)`` builds a JSON response; ``resp.json()`` decodes one
+    (docs/reference.md §2)."""
 
     @overload
     def __get__(self, obj: None, objtype: type[Response]) -> Callable[..., Response]: ...
@@ -131,11 +132,6 @@ class Response:
 #: strips every ``x-actorkeep-*`` header from outside requests, so no one can forge it.
 CALLER_HEADER = "x-actorkeep-caller"
 RESERVED_HEADER_PREFIX = "x-actorkeep-"
-
-
-def without_reserved(pairs: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
-    """``pairs`` without the ``x-actorkeep-*`` headers (in any case)."""
-    return ((k, v) for k, v in pairs if not k.lower().startswith(RESERVED_HEADER_PREFIX))
 
 
 #: ``(caller, id(headers)) -> (headers, the call's headers)`` for the shared, read-only
@@ -189,7 +185,7 @@ def parse_query(query_string: str) -> dict[str, str]:
 def error_response(
     status: int, error: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
-    """The JSON error body of SPEC §2: ``{"error": ..., "message": ...}``."""
+    """The JSON error body of docs/reference.md §2: ``{"error": ..., "message": ...}``."""
     resp = _json_response({"error": error, "message": message}, status)
     if headers:
         resp.headers._map.update({k.lower(): v for k, v in headers.items()})

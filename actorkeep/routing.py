@@ -1,4 +1,4 @@
-"""``@route`` / ``@rpc`` markers and the per-class router built from them (SPEC §2)."""
+"""``@route`` / ``@rpc`` markers and the per-class router built from them (docs/reference.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``self.sql``: statements on the actor's own database (SPEC §3)."""
+"""``self.sql``: statements on the actor's own database (docs/reference.md §3)."""
 
 from __future__ import annotations
 

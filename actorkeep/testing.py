@@ -1,4 +1,4 @@
-"""``ak.testing``: run a real host in-process, on the test's trio clock (SPEC §9)."""
+"""``ak.testing``: run a real host in-process, on the test's trio clock (docs/reference.md §9)."""
 
 from __future__ import annotations
 

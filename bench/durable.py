@@ -9,8 +9,8 @@ autocommit, inserting the same rows one by one. Everything lives in a temporary 
 
 The three configurations alternate over several rounds; the median of each is reported.
 Targets: 32 actors > 1x one actor alone (fsyncs of different actors overlap in worker
-threads); against raw sqlite3 the brief sets no target, and SPEC §12 asks >= 0.5x of it for the
-related KV durable put, which is printed as a reference.
+threads); against raw sqlite3 the brief sets no target, and docs/reference.md §12 asks
+>= 0.5x of it for the related KV durable put, which is printed as a reference.
 
     python bench/durable.py [--quick]
 """
@@ -43,7 +43,7 @@ from actorkeep import codec
 
 ACTORS = 32
 TARGET_OVERLAP = 1.0  # 32 actors together must beat one actor alone
-REFERENCE_RAW = 0.5  # SPEC §12, KV durable put vs raw sqlite3 synchronous=FULL
+REFERENCE_RAW = 0.5  # docs/reference.md §12, KV durable put vs raw sqlite3 synchronous=FULL
 DRIVER = "bench/driver"
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 ROW = bytes(range(100))
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"durable: {ACTORS} actors {m:,.0f} writes/s, raw sqlite3 synchronous=FULL "
-        f"{r:,.0f} writes/s, ratio {vs_raw:.2f}x (no target set; SPEC §12 asks "
+        f"{r:,.0f} writes/s, ratio {vs_raw:.2f}x (no target set; docs/reference.md §12 asks "
         f">= {REFERENCE_RAW}x for KV durable put: {'met' if vs_raw >= REFERENCE_RAW else 'below'})"
     )
 

@@ -2,7 +2,7 @@
 
 Two server processes run side by side on 127.0.0.1, both on trio:
 
-- actorkeep: ``actorkeep.server.serve_http`` with the limits of ``actorkeep serve``, over a
+- actorkeep: ``actorkeep.front.serve_http`` with the limits of ``actorkeep serve``, over a
   ``Host`` on ``FileStorage``; the request reaches ``@rpc hello`` of the actor ``bench/hello``;
 - baseline: a bare ASGI app that reads the body and answers ``200 hello``, on hypercorn's trio
   worker.
@@ -12,7 +12,7 @@ This process is the load generator for both: the identical request
 connections on raw non-blocking sockets, each with one request in flight. Phases alternate
 between the two servers (a warm-up, then a timed window, bounded in count too); the median of
 the rounds is reported, with the CPU share of the generator and of the server to show which one
-is the bottleneck. Target (SPEC §12): actorkeep >= 0.7x the bare app's req/s.
+is the bottleneck. Target (docs/reference.md §12): actorkeep >= 0.7x the bare app's req/s.
 
     python bench/http.py [--quick]
 """

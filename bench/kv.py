@@ -1,4 +1,5 @@
-"""KV through the client vs diskcache and raw sqlite3, measured side by side (SPEC §12, issue 3).
+"""KV through the client vs diskcache and raw sqlite3, measured side by side
+(docs/reference.md §12, issue 3).
 
 1. Local put + get: 32 calling actors, each writing and reading its own keys through
    ``ak.kv.Client("kv", shards=16)`` with ``local=True``, on a real ``Host`` over ``FileStorage``

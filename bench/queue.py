@@ -1,4 +1,5 @@
-"""Queues (SPEC §12): send_batch vs raw sqlite3, push delivery vs huey, producers vs queues.
+"""Queues (docs/reference.md §12): send_batch vs raw sqlite3, push delivery vs huey,
+producers vs queues.
 
 1. ``send_batch(1000)`` through ``ak.queue.Client`` from an actor, on a real ``Host`` over
    ``FileStorage`` (fsync in a worker thread), vs raw ``sqlite3`` inserting the same rows into

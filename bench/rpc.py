@@ -9,7 +9,7 @@ Baseline: a client task sends ``(request, reply_channel)`` over an unbuffered
 unbuffered) reply channel; the client waits for each reply before sending the next request.
 
 Both run in the same ``trio.run``, alternating, and the median of several repetitions is
-reported for each. Target (SPEC §12): actorkeep >= 1.5x the baseline's rate.
+reported for each. Target (docs/reference.md §12): actorkeep >= 1.5x the baseline's rate.
 
     python bench/rpc.py [--quick]
 """

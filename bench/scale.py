@@ -29,7 +29,8 @@
    restart) and a handful due ``FUTURE_DELAY`` seconds later (while the host runs); all must
    fire, never early.
 
-Targets (SPEC §12, issue 6): restart ready < 2 s (median of the starts on the big directory),
+Targets (docs/reference.md §12, issue 6): restart ready < 2 s (median of the starts on the
+big directory),
 resident memory < 500 MB while serving the big directory (after each restart, and after the
 latency calls under ``--max-active``; each actor held in memory adds ~150 KiB of SQLite
 connection state, so the cap, not the number of actors on disk, bounds memory: the touch run

@@ -1,4 +1,4 @@
-"""The queue actor class (SPEC §8): deploy with ``app.mount(queues.Queue, "queue")``.
+"""The queue actor class (docs/reference.md §8): deploy with ``app.mount(queues.Queue, "queue")``.
 
 Talk to it with ``ak.queue.Client("queue/<name>")`` from inside an actor's event.
 """

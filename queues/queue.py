@@ -1,4 +1,4 @@
-"""``queues.Queue``: one actor per queue (SPEC §8, decision records 0015 and docs/decisions/0008).
+"""``queues.Queue``: one actor per queue (docs/reference.md §8, docs/decisions/0008-queues.md).
 
 Messages live in ``actorkeep_queue``. One time column, ``visible_at``, orders and schedules
 everything: a ready message has ``visible_at <= now``; a delayed one has ``visible_at > now``

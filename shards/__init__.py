@@ -1,4 +1,4 @@
-"""Ready actor classes for shared data: ``KVShard`` (SPEC §7)."""
+"""Ready actor classes for shared data: ``KVShard`` (docs/reference.md §7)."""
 
 from .kv import KVShard
 

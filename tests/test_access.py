@@ -1,4 +1,4 @@
-"""Access rules and refusals before an actor exists (SPEC §6, §13)."""
+"""Access rules and refusals before an actor exists (docs/reference.md §6, §13)."""
 
 from __future__ import annotations
 

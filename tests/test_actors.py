@@ -1,4 +1,5 @@
-"""Actors: handlers, encodings, one event at a time, instances, failures, overload (SPEC §2)."""
+"""Actors: handlers, encodings, one event at a time, instances, failures, overload
+(docs/reference.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The alarm: set/get/delete, at least once, never early, retries, restarts, the index (SPEC §4)."""
+"""The alarm: set/get/delete, at least once, never early, retries, restarts, the index
+(docs/reference.md §4)."""
 
 from __future__ import annotations
 
@@ -232,7 +233,7 @@ async def test_overdue_alarms_fire_after_downtime(
 ) -> None:
     async with open_host(app, data_dir) as host:
         at = await rpc(host, "timer/a", "set", delay=60)
-    await trio.sleep(3600)  # the host is down; virtual time still passes (SPEC §9)
+    await trio.sleep(3600)  # the host is down; virtual time still passes (docs/reference.md §9)
     assert fired == []
     async with open_host(app, data_dir) as host:
         await trio.sleep(0.001)

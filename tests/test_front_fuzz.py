@@ -1,6 +1,6 @@
-"""Fuzzing the outside front (SPEC §6, §13): paths, actor names, methods, headers (forged
-``x-actorkeep-*`` ones among them), content types and bodies, through the same front logic as
-HTTP (``Front.handle``, which the ASGI app calls with the raw path and header list).
+"""Fuzzing the outside front (docs/reference.md §6, §13): paths, actor names, methods, headers
+(forged ``x-actorkeep-*`` ones among them), content types and bodies, through the same front
+logic as HTTP (``Front.handle``, which the server calls with the raw path and header list).
 
 Properties, for every request: no 5xx except the one handler that raises; a non-200 answer is
 a JSON error; the host keeps answering; a refused (4xx) request creates no file and changes no

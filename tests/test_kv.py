@@ -1,4 +1,4 @@
-"""KV shards and the ak.kv client (SPEC §7, record 0015)."""
+"""KV shards and the ak.kv client (docs/reference.md §7, docs/decisions/0007-kv.md)."""
 
 from __future__ import annotations
 

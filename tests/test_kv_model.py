@@ -1,4 +1,5 @@
-"""The KV against a model dictionary with versions, and compare-and-set races (SPEC §7)."""
+"""The KV against a model dictionary with versions, and compare-and-set races
+(docs/reference.md §7)."""
 
 from __future__ import annotations
 

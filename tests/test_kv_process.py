@@ -1,4 +1,4 @@
-"""KV writes under kill -9 of a real host process (SPEC §7 durability, issue 3)."""
+"""KV writes under kill -9 of a real host process (docs/reference.md §7 durability, issue 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Overload of one hot actor in a real host process (SPEC §2 overload, §13: 503 + Retry-After).
+"""Overload of one hot actor in a real host process (docs/reference.md §2 overload, §13: 503
+and Retry-After).
 
 ``actorkeep serve tests.apps.overload_app:app --max-pending 3``; 40 client threads flood
 ``slow/hot``, whose every event holds it for 0.2 s, while another thread keeps asking

@@ -1,7 +1,8 @@
 """Real host processes: ``python -m actorkeep serve`` under kill -9, signals and bad input.
 
 Each test starts the CLI as a subprocess on a free port of 127.0.0.1 and talks to it over HTTP
-with ``http.client`` (SPEC §3 storage, §4 alarms, §6 HTTP front and access, §11 CLI). A host's
+with ``http.client`` (docs/reference.md §3 storage, §4 alarms, §6 HTTP front and access, §11
+CLI). A host's
 stderr goes to a file; it is printed (and shown by pytest) when a test fails.
 """
 

@@ -1,5 +1,5 @@
 """Queues, pull side: send, lease, ack/retry/settle, extend, backoff, dead letters, redrive,
-cancel, get, stats, configure, access (SPEC §8, docs/queues.md)."""
+cancel, get, stats, configure, access (docs/reference.md §8, docs/queues.md)."""
 
 from __future__ import annotations
 

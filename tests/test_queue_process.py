@@ -1,5 +1,6 @@
-"""A queue in a real host process under kill -9 (SPEC §8): sends and acks driven over HTTP
-through app actors (``tests/apps/queue_app.py``), the host killed mid-stream and restarted.
+"""A queue in a real host process under kill -9 (docs/reference.md §8): sends and acks driven
+over HTTP through app actors (``tests/apps/queue_app.py``), the host killed mid-stream and
+restarted.
 
 Checked after every kill, from the queue's file: no acknowledged send is lost, no acked
 message comes back, and attempts never go down."""

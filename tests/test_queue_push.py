@@ -1,4 +1,4 @@
-"""Queues, push side: the alarm-driven delivery of SPEC §8 and the consumer helpers."""
+"""Queues, push side: the alarm-driven delivery of docs/reference.md §8 and the consumer helpers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Route and rpc matching (SPEC §2)."""
+"""Route and rpc matching (docs/reference.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server of ``actorkeep serve`` (actorkeep/server.py) on real loopback sockets.
+"""The HTTP/1.1 server of ``actorkeep serve`` (actorkeep/front/server.py) on real loopback sockets.
 
 Each test runs ``serve_http`` in its own trio run with short limits, and talks to it with raw
 trio sockets, so every byte on the wire is the test's choice. Times are real (a MockClock would
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import trio
 
 import actorkeep as ak
 from actorkeep.front import HttpServer, ServerLimits, serve_http
+from actorkeep.front.connections import Connections
+from actorkeep.runtime.budget import ByteBudget
 
 app = ak.App()
 
@@ -641,3 +644,28 @@ async def test_a_flood_of_empty_connections_sheds_itself_not_a_client_mid_upload
         assert server.shed > 20  # the flood's connections, closed to make room
         for s in opened:
             await s.aclose()
+
+
+async def test_at_the_cap_a_new_connection_whose_request_waits_to_be_read_is_kept() -> None:
+    """Under a flood of new connections, a connection's task may run only after many more
+    accepts: one whose client has already sent its request is not closed to make room (the
+    silent ones are), and when only such connections are left, the newcomer is refused."""
+    budget = ByteBudget(1 << 20)
+    conns = Connections(min_rate=4096.0, budget=budget)
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        client_sent, silent_a, silent_b = pairs
+        client_sent[1].sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")  # not read by anyone yet
+        sent = conns.add(client_sent[0].fileno())  # the oldest
+        a = conns.add(silent_a[0].fileno())
+        b = conns.add(silent_b[0].fileno())
+        assert not sent.silent() and a.silent() and b.silent()
+        assert conns.shed_one() and a.scope.cancel_called  # the oldest silent one goes
+        assert conns.shed_one() and b.scope.cancel_called
+        assert not conns.shed_one()  # only the client with a request is left: keep it
+        assert not sent.scope.cancel_called
+        assert conns.shed == 2
+    finally:
+        for left, right in pairs:
+            left.close()
+            right.close()

@@ -1,4 +1,4 @@
-"""Storage: exec, exec_durable, sync, transactions, SQLAlchemy, files (SPEC §3)."""
+"""Storage: exec, exec_durable, sync, transactions, SQLAlchemy, files (docs/reference.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ak.testing``: the host clock follows trio's clock across hosts (SPEC §9)."""
+"""``ak.testing``: the host clock follows trio's clock across hosts (docs/reference.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fuzzing the KV and queue wire frames sent by an internal caller (SPEC §7, §8, §13).
+"""Fuzzing the KV and queue wire frames sent by an internal caller (docs/reference.md §7, §8, §13).
 
 Each example opens a host with a KV shard and a queue that already hold data, sends one frame
 (operation, method, caller, headers and body: two thirds plausible frames near the limits, one

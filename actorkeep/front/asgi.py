@@ -1,4 +1,4 @@
-"""The host as an ASGI application, served by hypercorn's trio worker (SPEC §6)."""
+"""The host as an ASGI application, served by hypercorn's trio worker (docs/reference.md §6)."""
 
 from __future__ import annotations
 

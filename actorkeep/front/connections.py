@@ -8,6 +8,9 @@ runs short, the server asks this table which connection to close (decision 0010)
 
 from __future__ import annotations
 
+import array
+import fcntl
+import termios
 from typing import Literal
 
 import trio
@@ -19,6 +22,8 @@ Stage = Literal["fresh", "idle", "head", "body", "busy"]
 #: its rate, before either may be closed to make room for another connection.
 FRESH_GRACE = 0.5
 JUDGE_AFTER = 0.005
+#: Fresh connections looked at (oldest first) for one that sent nothing, per connection shed.
+SILENT_SCAN = 16
 #: When the in-flight budget runs short, uploads slower than this many times ``min_rate`` in
 #: their current window are closed, slowest first, to make room.
 RECLAIM_BELOW = 4.0
@@ -26,11 +31,13 @@ RECLAIM_BELOW = 4.0
 
 class Connection:
     """One client connection: the cancel scope that closes it, where it is, and the bytes of
-    its request body it holds of the host's in-flight budget."""
+    its request body it holds of the host's in-flight budget. ``fd`` is its socket's file
+    descriptor (-1: unknown), to see whether the client sent bytes its task has not read yet."""
 
-    __slots__ = ("held", "scope", "since", "stage", "window_base", "window_start")
+    __slots__ = ("fd", "held", "scope", "since", "stage", "window_base", "window_start")
 
-    def __init__(self) -> None:
+    def __init__(self, fd: int = -1) -> None:
+        self.fd = fd
         self.scope = trio.CancelScope()
         self.stage: Stage = "fresh"
         self.since = trio.current_time()  # when it entered its stage
@@ -41,6 +48,19 @@ class Connection:
     def rate(self, now: float) -> float:
         """Bytes per second of its body in the current window."""
         return (self.held - self.window_base) / max(now - self.window_start, 0.001)
+
+    def silent(self) -> bool:
+        """Whether nothing the client sent waits to be read. A new connection whose request
+        has arrived, but whose task has not run yet, is not silent: under a flood of new
+        connections that task may run only after many more accepts."""
+        if self.fd < 0:
+            return True
+        waiting = array.array("i", [0])
+        try:
+            fcntl.ioctl(self.fd, termios.FIONREAD, waiting)
+        except OSError:  # closed meanwhile: nothing to read, nothing to lose
+            return True
+        return waiting[0] == 0
 
     def slow(self, now: float, below: float) -> bool:
         """Whether its body comes slower than ``below`` bytes a second (a body just begun is
@@ -69,9 +89,9 @@ class Connections:
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self) -> Connection:
-        """A new, fresh connection."""
-        conn = Connection()
+    def add(self, fd: int = -1) -> Connection:
+        """A new, fresh connection on the socket ``fd``."""
+        conn = Connection(fd)
         self._open.add(conn)
         self._waiting["fresh"][conn] = None
         return conn
@@ -110,13 +130,15 @@ class Connections:
         """Close one connection to make room: the longest-waiting of the idle keep-alive
         connections, the new ones that sent nothing in ``FRESH_GRACE`` seconds, the half-sent
         heads and the uploads slower than ``RECLAIM_BELOW`` x ``min_rate``. Only when there is
-        none of those, a new connection still in its grace (a flood of new connections sheds
-        its own), then the slowest upload. Never one whose request is with the host."""
+        none of those, a new connection that has sent nothing yet, still in its grace (a flood
+        of new connections sheds its own), then the slowest upload. Never one whose request is
+        with the host or waits to be read: False then, and the newcomer is refused."""
         now = trio.current_time()
-        fresh, bodies = self._waiting["fresh"], self._waiting["body"]
+        bodies = self._waiting["body"]
+        silent = self._silent_fresh()
         candidates = [
             next(iter(self._waiting["idle"]), None),
-            next((c for c in fresh if c.since <= now - FRESH_GRACE), None),
+            next((c for c in silent if c.since <= now - FRESH_GRACE), None),
             next(iter(self._waiting["head"]), None),
             next((c for c in bodies if c.slow(now, self._slow)), None),
         ]
@@ -124,13 +146,24 @@ class Connections:
         if waiting:
             self.close(min(waiting, key=lambda c: c.since))
             return True
-        if fresh:
-            self.close(next(iter(fresh)))
+        if silent:
+            self.close(silent[0])
             return True
         if bodies:
             self.close(min(bodies, key=lambda c: c.rate(now)))
             return True
         return False
+
+    def _silent_fresh(self) -> list[Connection]:
+        """The oldest fresh connections that sent nothing yet (at most ``SILENT_SCAN`` of
+        them are looked at: one ``ioctl`` each)."""
+        out = []
+        for i, conn in enumerate(self._waiting["fresh"]):
+            if i >= SILENT_SCAN:
+                break
+            if conn.silent():
+                out.append(conn)
+        return out
 
     def reclaim(self, needed: int) -> None:
         """Close slow uploads (under ``RECLAIM_BELOW`` x ``min_rate`` in their current

@@ -1,4 +1,4 @@
-"""The outside front: from an HTTP request to an actor's event (SPEC §6).
+"""The outside front: from an HTTP request to an actor's event (docs/reference.md §6).
 
 ``/<class>/<name>/<path>`` goes to the actor's handler with path ``/<path>``; the host's own
 ``/_actorkeep/health`` answers 200. Every ``x-actorkeep-*`` header from outside is dropped here,
@@ -16,7 +16,14 @@ import structlog
 
 from ..address import check_actor_name
 from ..errors import HostClosed, Overloaded, Quarantined
-from ..http import Headers, Request, Response, error_response, parse_query, without_reserved
+from ..http import (
+    RESERVED_HEADER_PREFIX,
+    Headers,
+    Request,
+    Response,
+    error_response,
+    parse_query,
+)
 from ..runtime.host import Host
 
 log = structlog.get_logger("actorkeep")
@@ -92,10 +99,16 @@ class Front:
         if len(body) > self.host.max_body:
             return error_response(413, "PayloadTooLarge", f"body over {self.host.max_body} bytes")
         path = "/" + parts[3] if len(parts) == 4 else "/"
-        hdrs = Headers(without_reserved(headers))
+        # Without the x-actorkeep-* headers, lower-cased, repeats joined: one pass per request.
+        lower: dict[str, str] = {}
+        for key, value in headers:
+            k = key.lower()
+            if not k.startswith(RESERVED_HEADER_PREFIX):
+                lower[k] = f"{lower[k]}, {value}" if k in lower else value
+        hdrs = Headers._from_lower(lower)
         try:
             query = parse_query(query_string)
         except ValueError as exc:
             return error_response(400, "BadRequest", f"bad query string: {exc}")
         request = Request(method.upper(), path, query, hdrs, body, None)
-        return await self.host.deliver(class_name, name, request, (), None)
+        return await self.host.router.deliver(class_name, name, request, (), None)

@@ -142,7 +142,7 @@ class HttpServer:
                 if len(conns) >= self.limits.max_connections and not conns.shed_one():
                     self._refuse(stream, nursery)
                     continue
-                conn = conns.add()
+                conn = conns.add(stream.socket.fileno())
                 nursery.start_soon(self._serve_connection, conn, stream)
 
     def _note_accept_error(self, exc: OSError) -> None:

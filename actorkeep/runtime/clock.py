@@ -1,4 +1,5 @@
-"""The host clock: epoch seconds that follow trio's clock (SPEC §2, §9; decisions 0002, 0012).
+"""The host clock: epoch seconds that follow trio's clock (docs/reference.md §2, §4, §9;
+decisions 0002 and 0012).
 
 ``now() = anchor + trio.current_time()``. The anchor is fixed once per ``trio.run``, so a
 ``trio.testing.MockClock`` drives actor time, alarms and timeouts, and virtual time that passes

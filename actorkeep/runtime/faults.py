@@ -1,4 +1,4 @@
-"""Fault-injection hooks: how the simulator reaches into a running host (SPEC §10).
+"""Fault-injection hooks: how the simulator reaches into a running host (docs/reference.md §10).
 
 A production host has none (``Host(faults=None)``, one attribute check per call). The simulator
 passes an object with these methods to inject delayed and failed calls, late alarms and

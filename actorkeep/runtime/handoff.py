@@ -128,6 +128,10 @@ class CallTimeouts:
         self._by_timeout: dict[float, OrderedDict[Event, float]] = {}
         self._scope: trio.CancelScope | None = None
 
+    def __len__(self) -> int:
+        """How many timeout values have a waiting caller (each keeps an entry until then)."""
+        return len(self._by_timeout)
+
     def add(self, ev: Event, timeout: float) -> None:
         deadline = trio.current_time() + timeout
         pending = self._by_timeout.get(timeout)

@@ -1,4 +1,5 @@
-"""The storage backend seam (SPEC §3) and the production backend: one SQLite file per actor.
+"""The storage backend seam (docs/reference.md §3) and the production backend: one SQLite
+file per actor.
 
 A backend opens databases; a database is a ``sqlite3.Connection`` plus ``sync()``, which makes
 every write committed so far survive power loss. The file backend commits with

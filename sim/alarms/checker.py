@@ -1,7 +1,7 @@
-"""The alarm checker (SPEC §4, §10): never early, never a phantom or a replaced alarm, and
-at least once, with its effects, once the faults are over.
+"""The alarm checker (docs/reference.md §4, §10): never early, never a phantom or a replaced
+alarm, and at least once, with its effects, once the faults are over.
 
-It reads the ``alarm.*`` operations of sim/alarm_workload.py and the ``fire`` and ``rearm``
+It reads the ``alarm.*`` operations of sim/alarms/workload.py and the ``fire`` and ``rearm``
 observations the timers report. An alarm is named by its time ``at`` (``scheduled_at`` in the
 handler); retries keep it and count up ``retry_count``. The invariants:
 
@@ -216,7 +216,7 @@ class AlarmChecker:
             required.insert(0, last.result)
         for at in required:
             if self.dropped(timer, at):
-                continue  # failed on every retry: dropped, as SPEC §4 says
+                continue  # failed on every retry: dropped, as docs/reference.md §4 says
             if not any(abs(got - at) <= EPS for got in fired):
                 self.fail(
                     "alarm-at-least-once",

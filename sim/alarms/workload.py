@@ -4,7 +4,7 @@ Each timer's ``alarm`` reports every firing to the world (``History.observe``) a
 with a plain write in its own table; during the fault phase it sometimes fails (the host
 retries it) or sets the alarm again from inside. After the heal every timer is left alone or
 given one last alarm, the world waits long enough for every retry, and the final state of
-every timer is read for the checker (sim/alarm_checker.py).
+every timer is read for the checker (sim/alarms/checker.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The KV checker: per-key linearizability checked through versions (SPEC §7, §10).
+"""The KV checker: per-key linearizability checked through versions (docs/reference.md §7, §10).
 
 Every operation is turned into observations of one key during the operation's interval: the
 key held version v (with value x, when known), or the key was absent. Writes are known by their

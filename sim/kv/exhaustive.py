@@ -1,6 +1,6 @@
 """A backstop for the KV checker: an exhaustive linearizability search on short key histories.
 
-``sim/kv_checker.py`` checks pairwise rules over version observations; it can miss a history
+``sim/kv/checker.py`` checks pairwise rules over version observations; it can miss a history
 that only a whole order rules out (one delete made to explain two absences, for instance).
 Here, for each key with at most ``max_ops`` operations (an ok ``list`` whose prefix covers the
 key counts as a read of it), a depth-first
@@ -9,7 +9,7 @@ respects real time (an operation that completed before another was invoked comes
 sequential model of one key, remembering every (operations placed, model state) pair it has
 tried. A key with more operations is skipped and counted in ``KVExhaustive.skipped``.
 
-The model of one key (SPEC §7, the shapes recorded by ``sim/kv_workload.py``):
+The model of one key (docs/reference.md §7, the shapes recorded by ``sim/kv/workload.py``):
 
 - The key is absent or holds (value, version, expiry in ms or none). A write's version must be
   greater than every version the key had before it in the order (versions never come back).

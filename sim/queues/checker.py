@@ -1,7 +1,8 @@
-"""The queue checker: accounting, attempts and stale leases over a history (SPEC §8, §10).
+"""The queue checker: accounting, attempts and stale leases over a history
+(docs/reference.md §8, §10).
 
 It reads the ``queue.*`` operations of a history (sends, leases, acks, retries, settles,
-extends, gets, stats, dead letters; see sim/queue_workload.py for their args and results) and
+extends, gets, stats, dead letters; see sim/queues/workload.py for their args and results) and
 the push consumer's ``queue.deliver`` observations. A body is unique to one send, so a body
 seen names its send. The invariants:
 

@@ -12,7 +12,7 @@ return plain outcomes: a refused call (``Overloaded``) is a definite failure, a 
 
 After the fault phase the world heals; a final process drains the pull queue and the consumer
 acks everything, within ``DRAIN_BOUND`` virtual seconds; then the final state of both queues
-(stats and every dead letter) is read for the checker (sim/queue_checker.py).
+(stats and every dead letter) is read for the checker (sim/queues/checker.py).
 """
 
 from __future__ import annotations
