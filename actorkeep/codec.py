@@ -43,15 +43,27 @@ MAX_VALUES = 131_072
 VALUE_COST = 64
 
 
-#: One packer for the process: ``Packer.pack`` runs under the GIL without calling back into
-#: Python (no ``default=``), resets itself when a value cannot be packed, and costs less than
-#: half of ``msgpack.packb``, which makes a new packer for every value.
+#: One packer for the process: it costs less than half of ``msgpack.packb``, which makes a new
+#: packer for every value. ``Packer.pack`` holds the GIL unless packing calls back into Python
+#: (the ``items()`` of a dict subclass, say); a pack started from such a callback gets a packer
+#: of its own, or it would write into the buffer of the pack it interrupts.
 _PACKER = msgpack.Packer(use_bin_type=True)
+_pack_shared = _PACKER.pack
+_packing = False
 
 
-#: ``pack(value)``: ``value`` as msgpack (bytes as bin, str as str). The packer's own method,
-#: so that packing costs no Python frame.
-pack: Callable[[Any], bytes] = _PACKER.pack
+def pack(value: Any) -> bytes:
+    """``value`` as msgpack (bytes as bin, str as str)."""
+    global _packing
+    if _packing:
+        return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    _packing = True
+    try:
+        return _pack_shared(value)  # type: ignore[no-any-return]
+    finally:
+        _packing = False
+
+
 #: ``unpack(data)``: one msgpack value from the app's own code (frames and replies between
 #: actors); what outside clients send is decoded with ``unpack_counted``.
 unpack: Callable[[bytes], Any] = functools.partial(msgpack.unpackb, raw=False)

@@ -71,13 +71,15 @@ class Protocol:
         fields: Mapping[str, tuple[Check, Any]],
         reply: Mapping[str, Check] | None = None,
         validate: Callable[[dict[str, Any], str], None] | None = None,
+        exact_reply: bool = False,
     ) -> Op:
         """Declare an operation: ``fields`` maps each field to ``(check, default)``
-        (``REQUIRED`` for none); ``reply`` maps each reply field to its check; ``validate``
-        checks the whole frame on the actor's side, given the actor's address."""
+        (``REQUIRED`` for none); ``reply`` maps each reply field to its check (``exact_reply``:
+        a reply with any other field is malformed); ``validate`` checks the whole frame on the
+        actor's side, given the actor's address."""
         if name in self.ops:
             raise ValueError(f"{self.name} already has an operation {name!r}")
-        op = Op(self, name, fields, reply or {}, validate)
+        op = Op(self, name, fields, reply or {}, validate, exact_reply)
         self.ops[name] = op
         return op
 
@@ -92,8 +94,10 @@ class Op:
         fields: Mapping[str, tuple[Check, Any]],
         reply: Mapping[str, Check],
         validate: Callable[[dict[str, Any], str], None] | None,
+        exact_reply: bool = False,
     ) -> None:
         self.protocol = protocol
+        self.exact_reply = exact_reply
         self.name = name
         self.path = protocol.prefix + name
         self.fields = dict(fields)
@@ -134,6 +138,8 @@ class Op:
         if not isinstance(value, dict):
             raise ValueError(f"{self.protocol.name} answered {self.name} with a malformed reply")
         try:
+            if self.exact_reply and len(value) != len(self._reply_checks):
+                raise KeyError  # a field this operation does not answer with
             for key, check in self._reply_checks:
                 value[key] = check(value[key])
         except KeyError:

@@ -452,6 +452,7 @@ STATS: Final = QUEUE.op(
         "dead": lambda v: _count(v, "dead"),
         "oldest_ready_age": _age,
     },
+    exact_reply=True,
 )
 DEAD_LETTERS: Final = QUEUE.op(
     "dead_letters",
@@ -474,4 +475,5 @@ DELIVER: Final = QUEUE.op(
         "messages": (leases_from_wire, REQUIRED),
     },
     reply={"outcomes": outcomes_from_wire},
+    exact_reply=True,
 )
