@@ -70,10 +70,15 @@ class Actor:
         """
         return self._ak.buggify(site)
 
-    async def set_alarm(self, at: float, *, durable: bool = True) -> None:
+    async def set_alarm(self, at: float, *, durable: bool = True, wait: bool = True) -> None:
         """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.
 
         Durable when it returns. ``TypeError`` if the class has no ``alarm`` method.
+
+        ``wait=False`` makes it a gated write (docs/storage.md): it returns without waiting
+        for the actor's fsync, and the actor's replies and calls after it wait until it is
+        durable. (The first alarm of an actor still waits for the host's index: an alarm
+        must never be on disk where nothing would wake it.)
 
         ``durable=False`` writes it like ``sql.exec``: no fsync once the host's index has a
         durable entry for this actor (the first call pays one for that), and the actor's next
@@ -86,12 +91,13 @@ class Actor:
             raise TypeError(f"{type(self).__name__} has no alarm() method to call")
         if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
             raise ValueError(f"alarm time must be a finite number of epoch seconds, not {at!r}")
-        await self._ak.set_alarm(float(at), durable=durable)
+        await self._ak.set_alarm(float(at), durable=durable, wait=wait)
 
     def get_alarm(self) -> float | None:
         """The time the alarm is set for, or ``None``."""
         return self._ak.get_alarm()
 
-    async def delete_alarm(self) -> None:
-        """Remove the alarm, if any. Durable when it returns."""
-        await self._ak.delete_alarm()
+    async def delete_alarm(self, *, wait: bool = True) -> None:
+        """Remove the alarm, if any. Durable when it returns; ``wait=False``: a gated write,
+        durable before the actor's next reply or call leaves."""
+        await self._ak.delete_alarm(wait=wait)

@@ -34,13 +34,13 @@ class ActorContext(Protocol):
     def sqlalchemy_connection(self) -> sqlalchemy.Connection:
         """A SQLAlchemy connection on the actor's database."""
 
-    async def set_alarm(self, at: float, *, durable: bool) -> None:
+    async def set_alarm(self, at: float, *, durable: bool, wait: bool) -> None:
         """Set the actor's one alarm."""
 
     def get_alarm(self) -> float | None:
         """The time the alarm is set for, or None."""
 
-    async def delete_alarm(self) -> None:
+    async def delete_alarm(self, *, wait: bool) -> None:
         """Remove the alarm."""
 
     async def call(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal, Protocol, overload
 
 Params = Sequence[Any] | dict[str, Any]
 _ENDS = frozenset({"COMMIT", "END", "COMMIT TRANSACTION", "END TRANSACTION"})
@@ -28,22 +28,72 @@ class Written:
         return self.rows
 
 
+class DurablePoint(Protocol):
+    """What ``Sql`` needs of the actor's output gate (runtime/gate.py)."""
+
+    def write(self) -> None:
+        """A gated write has committed."""
+
+    async def sync(self) -> None:
+        """Until every write committed so far is durable."""
+
+
 class Sql:
     """Runs statements on one actor's database. Autocommit unless inside ``transaction()``.
 
-    ``sync()`` is the database's: it makes every write committed so far durable.
+    Three ways to write (docs/storage.md): ``exec(sql)`` is plain (survives a crash of the
+    process, not power loss); ``exec(sql, durable=True)`` is gated (durable before anyone
+    hears of it: the actor's replies and calls wait for it, the actor does not); ``await
+    exec_durable(sql)`` and ``await sync()`` are durable when they return.
     """
 
-    __slots__ = ("_conn", "_sync")
+    __slots__ = ("_conn", "_gate", "_gate_commit")
 
-    def __init__(self, conn: sqlite3.Connection, sync: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, conn: sqlite3.Connection, gate: DurablePoint) -> None:
         self._conn = conn
-        self._sync = sync
+        self._gate = gate
+        self._gate_commit = False  # the open transaction commits gated
 
-    def exec(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
+    @overload
+    def exec(
+        self, sql: str, params: Params = ..., *, durable: Literal[False] = ...
+    ) -> sqlite3.Cursor: ...
+
+    @overload
+    def exec(self, sql: str, params: Params = ..., *, durable: Literal[True]) -> Written: ...
+
+    def exec(
+        self, sql: str, params: Params = (), *, durable: bool = False
+    ) -> sqlite3.Cursor | Written:
         """Run one statement now. Once it has run to completion its effect survives a crash of
-        the process (a ``RETURNING`` statement completes when its rows have been fetched)."""
-        return self._conn.execute(sql, params)
+        the process (a ``RETURNING`` statement completes when its rows have been fetched).
+
+        ``durable=True``: a gated write. The statement runs to completion (its rows are
+        fetched into the ``Written`` returned) and commits now; it is durable before any
+        reply or call of the actor that follows it leaves. Inside a transaction it makes the
+        transaction's commit gated.
+        """
+        conn = self._conn
+        if not durable:
+            cur = conn.execute(sql, params)
+            if self._gate_commit and not conn.in_transaction:
+                self._end_gated()  # this statement ended a transaction that commits gated
+            return cur
+        if conn.in_transaction:
+            cur = conn.execute(sql, params)
+            rows = cur.fetchall()
+            self._gate_commit = True
+            if not conn.in_transaction:
+                self._end_gated()
+            return Written(rows, cur.lastrowid, cur.rowcount)
+        cur = conn.execute(sql, params)
+        rows = cur.fetchall()  # runs the statement to completion, which commits it
+        self._gate.write()
+        return Written(rows, cur.lastrowid, cur.rowcount)
+
+    def _end_gated(self) -> None:
+        self._gate_commit = False
+        self._gate.write()
 
     async def exec_durable(self, sql: str, params: Params = ()) -> Written:
         """Run one statement to completion and return once it survives power loss.
@@ -59,28 +109,39 @@ class Sql:
         cur = conn.execute(sql, params)
         rows = cur.fetchall()  # runs the statement to completion, which commits it
         written = Written(rows, cur.lastrowid, cur.rowcount)
-        await self._sync()
+        if self._gate_commit:
+            self._end_gated()
+        await self._gate.sync()
         return written
 
     async def sync(self) -> None:
         """Make every earlier write of this actor durable (one fsync for many plain writes)."""
-        await self._sync()
+        await self._gate.sync()
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises."""
+    def transaction(self, *, durable: bool = False) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises.
+        ``durable=True``: the commit is a gated write."""
         conn = self._conn
         if conn.in_transaction:
             raise RuntimeError("a transaction is already open")
         conn.execute("BEGIN IMMEDIATE")
+        self._gate_commit = durable
         try:
             yield
         except BaseException:
+            self._gate_commit = False
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         if conn.in_transaction:  # the block may have ended it with exec_durable("COMMIT")
             conn.execute("COMMIT")
+        if self._gate_commit:
+            self._end_gated()
+
+    def rolled_back(self) -> None:
+        """The host rolled back the open transaction (a failed event): nothing to gate."""
+        self._gate_commit = False
 
     @property
     def in_transaction(self) -> bool:

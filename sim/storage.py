@@ -100,27 +100,40 @@ class SimDatabase:
             raise sqlite3.ProgrammingError(f"{self.key}: the database is closed")
 
     async def sync(self) -> None:
-        """Snapshot the committed state now; it becomes durable when the fsync ends."""
-        self._check()
-        if self.conn.in_transaction:
-            # The in-memory image includes the open transaction's pages, so the simulator
-            # cannot tell what a real fsync would make durable. Fail loudly rather than guess.
-            raise RuntimeError(
-                "sim: sync() inside an open transaction is not simulated; end the "
-                "transaction first (exec_durable('COMMIT') does)"
-            )
+        """Snapshot the committed state now; it becomes durable when the fsync ends. (A sync
+        of a connection closed since still syncs the file, as an fsync of its path would.)"""
+        if self.fenced:
+            raise Fenced(f"{self.key}: the host incarnation that opened it has crashed")
         file = self._file
-        image = _serialize(self.conn)
+        if self.closed:
+            image = file.image()
+        else:
+            if self.conn.in_transaction:
+                # The in-memory image includes the open transaction's pages, so the simulator
+                # cannot tell what a real fsync would make durable. Fail loudly, not guess.
+                raise RuntimeError(
+                    "sim: sync() inside an open transaction is not simulated; end the "
+                    "transaction first (exec_durable('COMMIT') does)"
+                )
+            image = _serialize(self.conn)
         file.sync_seq += 1
         seq = file.sync_seq
         delay = self._storage.fsync_delay()
         if delay > 0:
             await trio.sleep(delay)
-        self._check()  # crashed while the fsync ran: it did not complete
+        if self.fenced:  # crashed while the fsync ran: it did not complete
+            raise Fenced(f"{self.key}: the host incarnation that opened it has crashed")
         if seq > file.durable_seq:
             file.durable, file.durable_seq = image, seq
         self._storage.synced(self)
-        self._check()  # the hook may crash the host right after the fsync
+        if self.fenced:  # the hook may crash the host right after the fsync
+            raise Fenced(f"{self.key}: the host incarnation that opened it has crashed")
+
+    def checkpoint_due(self) -> bool:
+        return False  # an image in memory has no log to checkpoint
+
+    async def checkpoint(self) -> None:
+        """Nothing to do: there is no log."""
 
     def close(self) -> None:
         """Keep the committed image and close (idempotent; a no-op once fenced)."""

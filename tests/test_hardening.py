@@ -176,8 +176,10 @@ async def test_durable_writes_reach_fdatasync(
         await host.request("POST", "/w/w/_rpc/write")
         await trio.sleep(1)  # and the new actors' registration (registry.py)
         shard_wal = [d for name, d in flushed if name == "shard-0.sqlite-wal"]
-        # The version reservation and the row, and the registration: each an fdatasync.
-        assert shard_wal == [True, True, True], flushed
+        # The version reservation and the row, and the registration: fdatasyncs of the log
+        # (they may share one: group commit), and of the new file itself once (its header).
+        assert shard_wal and all(shard_wal), flushed
+        assert flushed.count(("shard-0.sqlite", True)) == 1, flushed
         # The shard's new directories' entries, each fsynced once.
         directories = [name for name, d in flushed if not d]
         assert "kv" in directories and "actors" in directories, flushed

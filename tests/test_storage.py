@@ -160,7 +160,8 @@ async def test_sqlalchemy_connection_shares_the_database(
 
 async def test_files_wal_and_layout(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
     async with open_host(app, data_dir) as host:
-        assert await rpc(host, "store/Mixed:Case", "pragmas") == ["wal", 1]  # 1 = NORMAL
+        # 0 = OFF: SQLite never syncs on the event loop; the host's sync threads do (storage.py)
+        assert await rpc(host, "store/Mixed:Case", "pragmas") == ["wal", 0]
         await rpc(host, "store/mixed:case", "plain", k="x", v=1)
     files = sqlite_files(data_dir)
     assert files == sorted(
@@ -217,22 +218,15 @@ async def test_durable_write_does_not_stall_other_actors(
 async def test_plain_fsync_mode_runs_inline(data_dir: Path) -> None:
     """Under a virtual clock (and in simulation) storage must not use threads."""
     storage = FileStorage(data_dir, in_thread=False)
+    assert storage.syncer is None
     db = storage.open_actor("store", "x")
     db.conn.execute("CREATE TABLE t (x)")
-    calls: list[str] = []
-    original = trio.to_thread.run_sync
-
-    async def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append("thread")
-        return await original(*args, **kwargs)
-
-    trio.to_thread.run_sync = spy  # type: ignore[assignment]
-    try:
-        await db.sync()
-    finally:
-        trio.to_thread.run_sync = original
+    threads = threading.active_count()
+    await db.sync()
+    await db.checkpoint()
     db.close()
-    assert calls == []
+    assert threading.active_count() == threads
+    storage.close()
 
 
 async def test_sqlalchemy_never_ends_an_open_transaction(

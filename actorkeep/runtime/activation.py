@@ -24,6 +24,7 @@ from ..http import Response
 from ..sql import Sql
 from .alarm_store import AlarmState, read_alarm
 from .clock import Clock
+from .gate import Gate
 from .handoff import Event
 from .registry import Registry
 from .storage import IDENTITY_TABLE, Database, StorageBackend
@@ -54,9 +55,11 @@ class ActorAlarms(Protocol):
 
     def opened(self, act: Activation, state: AlarmState) -> None: ...
 
-    async def set(self, act: Activation, at: float, *, durable: bool = True) -> None: ...
+    async def set(
+        self, act: Activation, at: float, *, durable: bool = True, wait: bool = True
+    ) -> None: ...
 
-    async def delete(self, act: Activation) -> None: ...
+    async def delete(self, act: Activation, *, wait: bool = True) -> None: ...
 
 
 class ActivationHost(Protocol):
@@ -74,7 +77,11 @@ class ActivationHost(Protocol):
 
     def buggify(self, site: str) -> bool: ...
 
-    def register_soon(self, address: str, db: Database) -> None: ...
+    def register_soon(
+        self, address: str, sync: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None: ...
+
+    def new_gate(self, act: Activation, db: Database) -> Gate: ...
 
     def call(
         self,
@@ -131,10 +138,12 @@ class Activation:
         "address",
         "alarm",
         "alarm_touched",
+        "checkpoint_queued",
         "class_name",
         "closed",
         "current",
         "db",
+        "gate",
         "host",
         "inbox",
         "index_durable",
@@ -142,6 +151,7 @@ class Activation:
         "last_used",
         "name",
         "parked",
+        "reset_pending",
         "sa_engine",
         "sql",
         "task",
@@ -161,6 +171,9 @@ class Activation:
         self.closed = False  # out of the table: its worker ends after the running event
         self.current: Event | None = None
         self.db: Database | None = None
+        self.gate: Gate | None = None  # the database's output gate, while it is open
+        self.reset_pending = False  # a sync failed: close the database once no event runs
+        self.checkpoint_queued = False  # a checkpoint event waits in the inbox
         self.sql: Sql | None = None
         self.instance: Actor | None = None
         self.alarm: AlarmState | None = None
@@ -193,12 +206,20 @@ class Activation:
             db.close()
             raise
         self.db = db
-        self.sql = Sql(db.conn, db.sync)
+        self.gate = gate = host.new_gate(self, db)
+        self.sql = Sql(db.conn, gate)
         if state is not None:
             host.alarms.opened(self, state)
         if not registered:
-            host.register_soon(self.address, db)
+            host.register_soon(self.address, gate.sync)
         return db
+
+    async def sync(self) -> None:
+        """Make every write of the actor committed so far durable (through its gate)."""
+        gate = self.gate
+        if gate is None:
+            raise RuntimeError(f"{self.address}: its database is closed")
+        await gate.sync()
 
     @property
     def where(self) -> str | None:
@@ -208,9 +229,16 @@ class Activation:
     def rollback(self) -> None:
         if self.db is not None and self.db.conn.in_transaction:
             self.db.conn.execute("ROLLBACK")
+        if self.sql is not None:
+            self.sql.rolled_back()
 
     def close(self) -> None:
         self.closed = True
+        self.close_db()
+
+    def close_db(self) -> None:
+        """Discard the instance and close the database (a sync in flight still ends, and
+        releases or refuses what its gate holds)."""
         self.discard_instance()
         if self.sa_engine is not None:
             self.sa_engine.dispose(close=False)
@@ -220,6 +248,9 @@ class Activation:
                 self.rollback()
             self.db.close()
             self.db = None
+            self.gate = None
+            self.sql = None
+        self.reset_pending = False
 
     # -- instances ------------------------------------------------------------------------
     def new_instance(self) -> Actor:
@@ -264,14 +295,14 @@ class Activation:
             )
         return self.sa_engine.connect()
 
-    async def set_alarm(self, at: float, *, durable: bool) -> None:
-        await self.host.alarms.set(self, at, durable=durable)
+    async def set_alarm(self, at: float, *, durable: bool, wait: bool) -> None:
+        await self.host.alarms.set(self, at, durable=durable, wait=wait)
 
     def get_alarm(self) -> float | None:
         return self.alarm.at if self.alarm is not None else None
 
-    async def delete_alarm(self) -> None:
-        await self.host.alarms.delete(self)
+    async def delete_alarm(self, *, wait: bool) -> None:
+        await self.host.alarms.delete(self, wait=wait)
 
     def chain_for_call(self) -> tuple[str, ...]:
         """The call chain of a call this actor makes now."""
@@ -288,10 +319,28 @@ class Activation:
         timeout: float | None,
     ) -> Coroutine[Any, Any, Response]:
         chain = self.chain_for_call()
-        return self.host.call(self.address, chain, address, method, path, body, headers, timeout)
+        call = self.host.call(self.address, chain, address, method, path, body, headers, timeout)
+        gate = self.gate
+        if gate is not None and gate.closed:
+            return _after_gate(gate, call)
+        return call
 
     def call_rpc(
         self, address: str, method: str, args: dict[str, Any], timeout: float | None
     ) -> Coroutine[Any, Any, Any]:
         chain = self.chain_for_call()
-        return self.host.call_rpc(self.address, chain, address, method, args, timeout)
+        call = self.host.call_rpc(self.address, chain, address, method, args, timeout)
+        gate = self.gate
+        if gate is not None and gate.closed:
+            return _after_gate(gate, call)
+        return call
+
+
+async def _after_gate(gate: Gate, call: Coroutine[Any, Any, Any]) -> Any:
+    """A call that leaves once the writes before it are durable (the output gate)."""
+    try:
+        await gate.wait()
+    except BaseException:
+        call.close()
+        raise
+    return await call

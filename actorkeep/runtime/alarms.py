@@ -159,8 +159,10 @@ class AlarmScheduler:
         scheduled_at: float | None = None,
         retries: int = 0,
         durable: bool = True,
+        wait: bool = True,
     ) -> None:
-        """Set the actor's alarm (from its event: no transaction may be open)."""
+        """Set the actor's alarm (from its event: no transaction may be open). ``wait=False``:
+        the row is a gated write (the actor's outputs wait for it, the event does not)."""
         db = _writable(act, "set_alarm")
         self._clearing.pop(act.address, None)  # the index entry is this alarm's now
         state = AlarmState(at, at if scheduled_at is None else scheduled_at, retries)
@@ -188,9 +190,22 @@ class AlarmScheduler:
         self._write(act, db, state)
         if not durable:
             return  # the row becomes durable with the actor's next durable write
-        await db.sync()
+        if wait:
+            await act.sync()
+            if first < at:
+                index.put(act.address, at)  # an early wake-up is harmless
+            return
+        gate = act.gate
+        assert gate is not None
+        gate.write()
         if first < at:
-            index.put(act.address, at)  # an early wake-up is harmless
+            gate.after(lambda: self._settle(act, state))
+
+    def _settle(self, act: Activation, state: AlarmState) -> None:
+        """A gated alarm row is durable: its index entry may move up to it, if it is still
+        the actor's alarm."""
+        if act.alarm is state:
+            self.index.put(act.address, state.at)
 
     def _rearm_at_once(self, act: Activation, at: float) -> bool:
         """Whether this is the alarm's own event setting it again for now or earlier.
@@ -225,22 +240,38 @@ class AlarmScheduler:
             act.alarm = None
         act.alarm_touched = True
 
-    async def delete(self, act: Activation) -> None:
-        """``delete_alarm``: durable when it returns."""
+    async def delete(self, act: Activation, wait: bool = True) -> None:
+        """``delete_alarm``: durable when it returns; ``wait=False``: a gated write (the
+        entry goes once the deletion is durable)."""
         db = _writable(act, "delete_alarm")
-        self._clearing.pop(act.address, None)
+        address = act.address
+        self._clearing.pop(address, None)
         act.alarm_touched = True
         index = self.index
-        if act.alarm is None and index.get(act.address) is None:
+        if act.alarm is None and index.get(address) is None:
             return  # no entry: the row's absence is durable (an entry goes only after it is)
         # With an entry left, the row may be gone only until power loss (a fired alarm whose
         # deletion is not durable yet, or a crash since): make its absence durable too.
         if act.alarm is not None:
             db.conn.execute(f"DELETE FROM {ACTOR_TABLE}")
             act.alarm = None
-        await db.sync()
-        index.remove(act.address)
-        act.index_durable = False
+        if wait:
+            await act.sync()
+            index.remove(address)
+            act.index_durable = False
+            return
+        gate = act.gate
+        assert gate is not None
+        gate.write()
+        token = self._clearing[address] = object()
+        gate.after(lambda: self._forget_deleted(act, token))
+
+    def _forget_deleted(self, act: Activation, token: object) -> None:
+        """A gated deletion is durable: drop the entry unless the alarm was set since."""
+        if self._clearing.get(act.address) is token:
+            del self._clearing[act.address]
+            self.index.remove(act.address)
+            act.index_durable = False
 
     # -- the alarm event ---------------------------------------------------------------------
     async def run(self, act: Activation) -> None:
@@ -258,13 +289,13 @@ class AlarmScheduler:
             assert act.db is not None
             if state is None:
                 # An entry that outlived its alarm: drop it once the row's absence is durable.
-                await act.db.sync()
+                await act.sync()
                 if act.alarm is None:
                     self.index.remove(address)
                     act.index_durable = False
             elif state.at > self.horizon():
                 # Moved later by an earlier event: move the entry once that row is durable.
-                await act.db.sync()
+                await act.sync()
                 self.index.put(address, state.at)
             else:
                 cleared = await self._handle(act, state)
@@ -330,8 +361,7 @@ class AlarmScheduler:
         plain-clear bug.)"""
         address = act.address
         try:
-            assert act.db is not None
-            await act.db.sync()
+            await act.sync()
             if self.still_cleared(address, token):
                 self.index.remove(address)
                 act.index_durable = False

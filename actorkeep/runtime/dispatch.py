@@ -27,9 +27,10 @@ from .activations import Activations
 from .alarms import AlarmScheduler
 from .failures import Failures, quarantine_message
 from .faults import FaultHooks
+from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
 from .registry import Quarantine
-from .storage import is_damage, out_of_descriptors
+from .storage import Database, is_damage, out_of_descriptors
 
 log = structlog.get_logger("actorkeep")
 
@@ -110,11 +111,11 @@ class Dispatcher:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             act = self.activations.get(address)
             if act is not None and act.parked and act.instance is not None:
-                return await self._run_inline(act, ev)
+                return await self._run_inline(act, ev, timeout)
         self.enqueue(self.activation(address, actor_class, name), ev, limit=True)
         return await self.timeouts.wait_reply(ev, timeout)
 
-    async def _run_inline(self, act: Activation, ev: Event) -> Response:
+    async def _run_inline(self, act: Activation, ev: Event, timeout: float | None) -> Response:
         """Run a handler that cannot suspend in the caller's task, while its actor is idle.
 
         Its worker is parked with nothing queued, and the handler has no yield point, so it
@@ -124,6 +125,7 @@ class Dispatcher:
         """
         inst = act.instance
         assert inst is not None
+        gate = act.gate
         act.current = ev
         damaged = False
         token = set_current_actor(inst)
@@ -139,6 +141,9 @@ class Dispatcher:
             self._after_event(act)
         if damaged:
             raise Quarantined(quarantine_message(act.address))
+        if gate is not None and (gate.closed or gate.failed is not None):
+            gate.hold(ev, outcome.Value(resp))  # the output gate: wait for the writes
+            return await self.timeouts.wait_reply(ev, timeout)
         return resp
 
     def activation(self, address: str, actor_class: ActorClass, name: str) -> Activation:
@@ -185,8 +190,15 @@ class Dispatcher:
                     if ev.kind == "alarm":
                         assert self.alarms is not None
                         await self.alarms.run(act)
+                    elif ev.kind == "checkpoint":
+                        await self._checkpoint(act)
                     else:
-                        self.timeouts.reply(ev, await self._run(act, ev))
+                        result = await self._run(act, ev)
+                        gate = act.gate
+                        if gate is not None and (gate.closed or gate.failed is not None):
+                            gate.hold(ev, result)  # the output gate: wait for the writes
+                        else:
+                            self.timeouts.reply(ev, result)
                 except BaseException:  # cancelled: the host is closing; answer the caller
                     closed = HostClosed(f"{act.address} was shut down")
                     self.timeouts.reply(ev, outcome.Error(closed))
@@ -199,6 +211,11 @@ class Dispatcher:
     def _after_event(self, act: Activation) -> None:
         act.current = None
         self.activations.used(act)
+        if act.reset_pending:
+            act.close_db()  # a sync failed: the next event opens the database afresh
+        elif act.db is not None and not act.checkpoint_queued and act.db.checkpoint_due():
+            act.checkpoint_queued = True
+            self.enqueue(act, Event.checkpoint(), limit=False)
         faults = self.faults
         if (
             faults is not None
@@ -207,6 +224,61 @@ class Dispatcher:
             and faults.buggify("host.evict-after-event")
         ):
             self.activations.evict(act)
+
+    async def _checkpoint(self, act: Activation) -> None:
+        """Checkpoint the actor's write-ahead log while it takes no event (storage.py)."""
+        act.checkpoint_queued = False
+        db = act.db
+        if db is None:
+            return
+        try:
+            await db.checkpoint()
+        except Exception as exc:  # the log keeps growing; the next one tries again
+            log.warning("checkpoint failed", address=act.address, file=db.where, error=repr(exc))
+
+    # -- output gates ------------------------------------------------------------------------
+    def new_gate(self, act: Activation, db: Database) -> Gate:
+        """The output gate of ``act``'s newly opened database."""
+
+        def refuse(ev: Event, exc: BaseException) -> None:
+            assert isinstance(exc, Exception)
+            resp = self.failures.error_reply(
+                exc, "a durable write failed: its reply is refused", act.address, ev.from_outside
+            )
+            self.timeouts.reply(ev, outcome.Value(resp))
+
+        def failed(exc: BaseException) -> None:
+            log.error(
+                "sync failed: the actor's held replies are refused and its database reopened",
+                address=act.address,
+                file=db.where,
+                error=repr(exc),
+            )
+            if act.gate is not gate:
+                return  # that database is closed already
+            if act.current is None and act.parked:
+                act.close_db()
+            else:
+                act.reset_pending = True  # once the running event ends
+
+        gate = Gate(db, self._start_now, self.timeouts.reply, refuse, failed)
+        return gate
+
+    async def drain_gates(self) -> None:
+        """Until no gate of an actor in memory has a sync running or waiting (a clean close:
+        what they hold is answered)."""
+        while True:
+            busy = [a.gate for a in self.activations if a.gate is not None and a.gate.busy]
+            if not busy:
+                return
+            for gate in busy:
+                with contextlib.suppress(Exception):
+                    await gate.sync()
+
+    def _start_now(self, fn: Any) -> None:
+        """Start a gate's sync task, even while the host closes (it answers what it holds)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(fn)
 
     def retire(self, act: Activation) -> None:
         """Forget an activation whose worker has ended; fail the events it will never run."""

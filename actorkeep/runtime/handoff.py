@@ -26,8 +26,9 @@ _RESULT_HEADERS = {  # shared: Headers are read-only
     "json": Headers({"content-type": codec.JSON}),
 }
 
-#: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, or the alarm.
-EventKind = Literal["request", "rpc", "alarm"]
+#: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, the alarm, or a
+#: checkpoint of the actor's write-ahead log (the host's own, with no handler).
+EventKind = Literal["request", "rpc", "alarm", "checkpoint"]
 
 
 class Event:
@@ -73,6 +74,10 @@ class Event:
     @classmethod
     def alarm(cls) -> Event:
         return cls("alarm", None, None, ())
+
+    @classmethod
+    def checkpoint(cls) -> Event:
+        return cls("checkpoint", None, None, ())
 
     @property
     def from_outside(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -46,6 +46,7 @@ from .clock import Clock, WallClockGuard
 from .dispatch import Dispatcher
 from .failures import Failures
 from .faults import FaultHooks
+from .gate import Gate
 from .handoff import CallTimeouts, Event, check_timeout
 from .hostdb import HostDb, open_host_db
 from .intake import creation_refused, event_for
@@ -58,6 +59,9 @@ log = structlog.get_logger("actorkeep")
 
 
 __all__ = ["CALLER_HEADER", "Host"]
+
+#: On a clean close, the host waits up to this long for the syncs that hold replies.
+DRAIN_SECONDS = 10.0
 
 
 class Host:
@@ -206,6 +210,9 @@ class Host:
                     nursery.start_soon(guard.watch)
                 try:
                     yield self
+                    with trio.CancelScope(shield=True) as drain:
+                        drain.deadline = trio.current_time() + DRAIN_SECONDS
+                        await self.dispatcher.drain_gates()
                 finally:
                     self._closing = self.dispatcher.closing = True
                     nursery.cancel_scope.cancel()
@@ -403,10 +410,15 @@ class Host:
         except Exception as exc:
             log.error("host database sync failed", file=self._host_db.where, error=repr(exc))
 
-    def register_soon(self, address: str, db: Database) -> None:
-        """Register a newly opened actor once its database is durable (registry.py)."""
+    def register_soon(self, address: str, sync: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Register a newly opened actor once ``sync()`` made its database durable
+        (registry.py)."""
         if self._registrar is not None:
-            self._registrar.soon(address, db)
+            self._registrar.soon(address, sync)
+
+    def new_gate(self, act: Activation, db: Database) -> Gate:
+        """The output gate of an actor's newly opened database (gate.py)."""
+        return self.dispatcher.new_gate(act, db)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
         if self._nursery is not None and not self._closing:

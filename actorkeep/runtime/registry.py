@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from .hostdb import HostDb
-from .storage import Database
 
 log = structlog.get_logger("actorkeep")
 
@@ -114,14 +113,15 @@ class Registrar:
         self._spawn = spawn
         self._pending: set[str] = set()
 
-    def soon(self, address: str, db: Database) -> None:
+    def soon(self, address: str, sync: Callable[[], Awaitable[None]]) -> None:
+        """Register ``address`` once ``sync()`` (its database's) has made it durable."""
         if address not in self._pending:
             self._pending.add(address)
-            self._spawn(self._register, address, db)
+            self._spawn(self._register, address, sync)
 
-    async def _register(self, address: str, db: Database) -> None:
+    async def _register(self, address: str, sync: Callable[[], Awaitable[None]]) -> None:
         try:
-            await db.sync()  # the file and its directory entries survive power loss now
+            await sync()  # the file and its directory entries survive power loss now
             self._registry.add(address, self._now())
             await self._sync_registry()
         except Exception as exc:  # evicted before its sync: it is registered when next opened

@@ -2,10 +2,12 @@
 file per actor.
 
 A backend opens databases; a database is a ``sqlite3.Connection`` plus ``sync()``, which makes
-every write committed so far survive power loss. The file backend commits with
-``synchronous=NORMAL`` in WAL mode (a commit survives a process crash) and ``sync()`` fsyncs the
-WAL off the event loop, so durable writes of many actors overlap. The simulator supplies a
-backend that keeps SQLite in memory and runs everything on the trio thread.
+every write committed so far survive power loss. The file backend commits in WAL mode (a commit
+survives a process crash) and never fsyncs or checkpoints on the event loop: ``sync()`` fsyncs
+the WAL in a sync thread (syncer.py), SQLite's automatic checkpoints are off, and an actor's
+log is checkpointed by a sync thread while the actor takes no event (decision 0015). The
+simulator supplies a backend that keeps SQLite in memory and runs everything on the trio
+thread.
 
 Damage is reported as ``StorageDamaged`` (docs/reliability.md, "Damaged storage"): an actor the
 host knows existed whose file is gone or empty, whose write-ahead log is gone while commits in
@@ -20,14 +22,13 @@ import fcntl
 import os
 import sqlite3
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-import trio
-
 from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
 from ..errors import StorageDamaged
+from .syncer import Syncer
 
 # Memory bound per open actor; pages are only allocated as used (SQLite's default is 2 MiB).
 CACHE_KIB = 512
@@ -36,6 +37,10 @@ IDENTITY_TABLE = "actorkeep_actor"
 #: Files up to this size are checked with ``PRAGMA quick_check`` when opened (about 1 ms per
 #: MiB on the event loop); larger ones only by SQLite's own checks as pages are read.
 QUICK_CHECK_MAX_BYTES = 4 << 20
+#: An actor's write-ahead log past this size is checkpointed into its database.
+WAL_CHECKPOINT_BYTES = 4 << 20
+#: Rows changed between two looks at the size of an actor's log (a ``stat`` each).
+CHECKPOINT_LOOK_EVERY = 256
 #: SQLite's primary result codes that mean a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
 _DAMAGE_CODES = frozenset({11, 26})
 
@@ -51,6 +56,14 @@ class Database(Protocol):
 
     async def sync(self) -> None:
         """Make every write committed so far durable (survive power loss)."""
+
+    def checkpoint_due(self) -> bool:
+        """Whether the write-ahead log has grown enough to be checkpointed (cheap: called
+        after every event)."""
+
+    async def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database and empty it. The caller makes sure
+        nothing uses the connection until it returns."""
 
     def close(self) -> None:
         """Close the connection; uncommitted work is rolled back."""
@@ -84,10 +97,11 @@ class StorageBackend(Protocol):
         """Release whatever the backend holds."""
 
 
-def configure_connection(conn: sqlite3.Connection) -> None:
-    """The pragmas every actorkeep database runs with."""
+def configure_connection(conn: sqlite3.Connection, synchronous: str = "NORMAL") -> None:
+    """The pragmas every actorkeep database runs with (``synchronous`` first: switching a new
+    file to WAL is a commit, which it governs)."""
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     conn.execute("PRAGMA foreign_keys=ON")
     # Extra sanity checks of each b-tree cell as it is read: damage is reported, not served.
@@ -146,40 +160,113 @@ def read_address(conn: sqlite3.Connection) -> tuple[str, float] | None:
 
 
 class FileDatabase:
-    """A database in a file, made durable by fsyncing its WAL in a worker thread."""
+    """A database in a file. Its syncs, checkpoints and close run in sync threads.
 
-    def __init__(self, path: Path, new_dirs: list[Path], in_thread: bool = True) -> None:
+    An actor's connection runs with ``synchronous=OFF``: SQLite itself never fsyncs on the
+    event loop. That is safe because nothing else differs from ``NORMAL`` in WAL mode once
+    SQLite never checkpoints on that connection: commits do not sync under ``NORMAL`` either,
+    ``sync()`` fsyncs the log, and the log is only ever reset by ``checkpoint()``, which syncs
+    what it copies and makes the emptied log durable before the connection writes it again.
+    The host database (``host_db``) keeps ``NORMAL`` and is checkpointed in the background.
+    """
+
+    def __init__(
+        self, path: Path, new_dirs: list[Path], syncer: Syncer | None, host_db: bool = False
+    ) -> None:
         self.path = path
         self.where = str(path)
         self._wal = Path(f"{path}-wal")
-        # Directories whose entries must be fsynced once for new files to survive power loss:
-        # the file's own directory (the WAL is created there) and the parent of every
+        # Synced once for a new file: the file itself (switching it to WAL wrote its header
+        # without a sync), its directory (the WAL is created there) and the parent of every
         # directory created for it.
-        self._dirs_to_sync = [path.parent, *new_dirs]
-        self._in_thread = in_thread
-        self.conn = sqlite3.connect(path, isolation_level=None, cached_statements=128)
+        self._first_sync: list[Path] | None = [path.parent, *new_dirs]
+        self._syncer = syncer
+        self._host_db = host_db
+        self.conn = sqlite3.connect(
+            path, isolation_level=None, cached_statements=128, check_same_thread=False
+        )
         try:
-            configure_connection(self.conn)
+            configure_connection(self.conn, "NORMAL" if host_db else "OFF")
+            self.conn.execute("PRAGMA wal_autocheckpoint=0")
         except BaseException:
             self.conn.close()
             raise
+        self._changes_seen = 0
+
+    async def _run(self, fn: Callable[[], None], what: str) -> None:
+        if self._syncer is None:
+            fn()
+        else:
+            await self._syncer.run(fn, what)
 
     async def sync(self) -> None:
-        if self._in_thread:
-            await trio.to_thread.run_sync(self._fsync)
-        else:
-            self._fsync()
+        await self._run(self._fsync, "sync")
 
     def _fsync(self) -> None:
-        target = self._wal if self._wal.exists() else self.path
-        _fsync_path(target, data_only=True)
-        if self._dirs_to_sync:
-            for d in self._dirs_to_sync:
+        try:
+            _fsync_path(self._wal, data_only=True)
+        except FileNotFoundError:  # no log (closed and checkpointed): all is in the file
+            _fsync_path(self.path, data_only=True)
+        first, self._first_sync = self._first_sync, None
+        if first is not None:
+            _fsync_path(self.path, data_only=True)
+            for d in first:
                 _fsync_path(d)
-            self._dirs_to_sync = []
+        if self._host_db and self._wal_bytes() > WAL_CHECKPOINT_BYTES:
+            self._checkpoint_host_db()
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.stat(self._wal).st_size
+        except FileNotFoundError:
+            return 0
+
+    def checkpoint_due(self) -> bool:
+        changes = self.conn.total_changes
+        if changes - self._changes_seen < CHECKPOINT_LOOK_EVERY or self._host_db:
+            return False
+        self._changes_seen = changes
+        return self._wal_bytes() > WAL_CHECKPOINT_BYTES
+
+    async def checkpoint(self) -> None:
+        await self._run(self._checkpoint, "checkpoint")
+
+    def _checkpoint(self) -> None:
+        # In a sync thread, while the trio thread leaves the connection alone. With NORMAL the
+        # checkpoint syncs the log before copying it and the database after.
+        conn = self.conn
+        conn.execute("PRAGMA synchronous=NORMAL")
+        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if busy:
+            # A reader outside the host holds a snapshot. The connection stays NORMAL, under
+            # which SQLite syncs the log's header itself if it resets the log; try again later.
+            return
+        _fsync_path(self._wal, data_only=True)  # the empty log is durable before it is reused
+        conn.execute("PRAGMA synchronous=OFF")
+
+    def _checkpoint_host_db(self) -> None:
+        # The host database is written from the trio thread at any time: a second connection
+        # copies its log without blocking it (PASSIVE); the host's connection (NORMAL) resets
+        # the log when it next writes.
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     def close(self) -> None:
-        self.conn.close()
+        if self._syncer is None:
+            self._close()
+        else:
+            self._syncer.submit(self._close, f"close {self.where}")
+
+    def _close(self) -> None:
+        # The last connection to close checkpoints the log into the database: with NORMAL,
+        # that checkpoint syncs before the log is deleted.
+        try:
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            self.conn.close()
 
 
 # fdatasync flushes the data and the metadata needed to read it back (the size of a growing
@@ -229,7 +316,8 @@ class FileStorage:
         self.root = Path(root).resolve()
         self._actors = self.root / "actors"
         self._host_db = self.root / "host" / "host.sqlite"
-        self._in_thread = in_thread
+        #: The sync threads; None (``in_thread=False``): syncs run where they are awaited.
+        self.syncer: Syncer | None = Syncer() if in_thread else None
         self._lock_fd: int | None = None
 
     def open_actor(self, class_name: str, name: str, existing: bool = False) -> FileDatabase:
@@ -308,7 +396,7 @@ class FileStorage:
                 "copied into the database",
                 str(self._host_db),
             )
-        return self._open(self._host_db)
+        return self._open(self._host_db, host_db=True)
 
     def set_aside_host_db(self) -> str:
         n = 1
@@ -334,7 +422,7 @@ class FileStorage:
             ) from None
         self._lock_fd = fd
 
-    def _open(self, path: Path) -> FileDatabase:
+    def _open(self, path: Path, host_db: bool = False) -> FileDatabase:
         new_dirs: list[Path] = []
         d = path.parent
         while not d.exists():
@@ -342,9 +430,11 @@ class FileStorage:
             d = d.parent
         if new_dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
-        return FileDatabase(path, new_dirs, self._in_thread)
+        return FileDatabase(path, new_dirs, self.syncer, host_db)
 
     def close(self) -> None:
+        if self.syncer is not None:
+            self.syncer.close()  # every close given to it has run: the files are consistent
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None

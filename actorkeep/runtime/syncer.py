@@ -1,0 +1,95 @@
+"""The sync worker: long-lived threads that run fsyncs, checkpoints and closes of databases,
+so that the event loop never waits on the disk (decision 0015).
+
+A job goes to the threads through one queue and its outcome comes back with
+``TrioToken.run_sync_soon``: one hand-off each way, no thread started per job and no
+capacity limiter (``trio.to_thread.run_sync`` costs about twice as much per call). Several
+threads, so that the fsyncs of different actors overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import outcome
+import structlog
+import trio
+from trio.lowlevel import Abort, Task, TrioToken, current_task, reschedule, wait_task_rescheduled
+
+log = structlog.get_logger("actorkeep")
+
+#: Sync threads per host: fsyncs of different files overlap up to this many at once.
+SYNC_THREADS = 4
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], Task | None, str]
+
+
+def _cannot_abort(_: Any) -> Abort:
+    return Abort.FAILED  # a job that has started cannot be taken back: wait for its end
+
+
+class Syncer:
+    """Threads that run blocking storage jobs for the trio thread. Started by the first job
+    (inside ``trio.run``); ``close()`` finishes every job given so far, then ends them."""
+
+    def __init__(self, threads: int = SYNC_THREADS) -> None:
+        self._size = threads
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._token: TrioToken | None = None
+
+    def _ensure(self) -> None:
+        """Threads running, answering to the current trio run (``RuntimeError`` outside one)."""
+        self._token = trio.lowlevel.current_trio_token()
+        if self._threads:
+            return
+        for i in range(self._size):
+            thread = threading.Thread(target=self._loop, name=f"actorkeep-sync-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    async def run(self, fn: Callable[[], T], what: str = "sync") -> T:
+        """``fn()`` in a sync thread; its value, or its exception. Not cancellable: a
+        cancelled caller still waits for the job's end (an fsync cannot be undone)."""
+        self._ensure()
+        self._jobs.put((fn, current_task(), what))
+        return await wait_task_rescheduled(_cannot_abort)  # type: ignore[no-any-return]
+
+    def submit(self, fn: Callable[[], object], what: str) -> None:
+        """``fn()`` in a sync thread, with nobody waiting (a failure is logged). Outside a
+        trio run (a command-line tool closing a database), ``fn()`` runs here and now."""
+        try:
+            self._ensure()
+        except RuntimeError:
+            fn()
+            return
+        self._jobs.put((fn, None, what))
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, task, what = job
+            result = outcome.capture(fn)
+            if task is None:
+                if isinstance(result, outcome.Error):
+                    log.error("storage job failed", job=what, error=repr(result.error))
+                continue
+            token = self._token
+            assert token is not None
+            # RunFinishedError: the run ended while the job ran, so nobody waits for it.
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(reschedule, task, result)
+
+    def close(self) -> None:
+        """Run every job given so far, then stop the threads (blocks until they end)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        self._token = None
