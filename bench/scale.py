@@ -177,6 +177,9 @@ class BulkStorage:
     def open_host_db(self) -> _BulkDatabase:
         return _BulkDatabase(self.root / "host" / "host.sqlite")
 
+    async def sync_all(self) -> None:
+        """Nothing: the bulk load ends with one ``sync(2)``."""
+
     def set_aside_host_db(self) -> str:
         raise RuntimeError("the bulk loader never finds a damaged host database")
 

@@ -145,8 +145,8 @@ class Queue(ak.Actor):
 
     @wire.queue.CANCEL.handler
     async def op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
-        written = await self.sql.exec_durable(
-            "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],)
+        written = self.sql.exec(
+            "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],), durable=True
         )
         return {"ok": written.rowcount == 1}
 
@@ -244,7 +244,7 @@ class Queue(ak.Actor):
             ).fetchone()
         ):
             await self.arm_by(now)  # before the durable move, for the same reason as send
-        with self.sql.transaction():
+        with self.sql.transaction(durable=True):
             cur = self.sql.exec(
                 "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) "
                 f"SELECT body, enqueued_at, ?, priority FROM actorkeep_queue_dead {where} "
@@ -253,7 +253,6 @@ class Queue(ak.Actor):
             )
             count = cur.rowcount
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
-            await self.sql.exec_durable("COMMIT")
         return {"count": count}
 
     @wire.queue.CONFIGURE.handler
@@ -265,10 +264,11 @@ class Queue(ak.Actor):
         due = self.next_due(cfg)
         if due is not None:
             await self.arm_by(due)
-        await self.sql.exec_durable(
+        self.sql.exec(
             f"INSERT OR REPLACE INTO actorkeep_queue_config (id, {_CONFIG_COLUMNS}) "
             "VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
             tuple(w[k] for k in CONFIG_FIELDS),
+            durable=True,
         )
         self.cfg = cfg
         return {}
@@ -280,7 +280,8 @@ class Queue(ak.Actor):
     # -- the operations ----------------------------------------------------------------------
 
     async def send(self, bodies: list[bytes], delay: float, priority: int) -> list[int]:
-        """Insert the messages in one durable statement; their ids in order."""
+        """Insert the messages in one gated statement (the reply with their ids leaves once it
+        is durable); their ids in order."""
         now = self.now()
         visible_at = now + delay
         if self.cfg.consumer is not None:
@@ -290,11 +291,12 @@ class Queue(ak.Actor):
         params: list[Any] = []
         for body in bodies:
             params += (body, now, visible_at, priority)
-        written = await self.sql.exec_durable(
+        written = self.sql.exec(
             "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) VALUES "
             + ",".join([_INSERT_ROW] * len(bodies))
             + " RETURNING id",
             params,
+            durable=True,
         )
         # One statement by one writer: the ids are consecutive, in the order of the rows.
         return sorted(r[0] for r in written.rows)
@@ -304,17 +306,17 @@ class Queue(ak.Actor):
 
         A worker holds ``(id, attempt)`` outside the queue, so power loss must not undo the
         lease: the next lease of the message would carry the same name, and the first holder's
-        late ack would settle it. One fsync per ``lease`` call (decision 0008).
+        late ack would settle it. A gated write: the reply waits for it, the queue does not
+        (decision 0008, decision 0015).
         """
-        leases = self.lease(self.now(), n, visibility)
+        leases = self.lease(self.now(), n, visibility, durable=True)
         if leases:
             await self._arm_after_lease(leases, visibility)
-            await self.sql.sync()
         return leases
 
-    def lease(self, now: float, n: int, visibility: float) -> list[Lease]:
-        """Lease up to ``n`` visible messages until ``now + visibility`` (plain writes: the
-        pull path makes them durable in ``pull_lease``, push delivery leaves them plain)."""
+    def lease(self, now: float, n: int, visibility: float, durable: bool = False) -> list[Lease]:
+        """Lease up to ``n`` visible messages until ``now + visibility`` (``durable``: a gated
+        write, for the pull path; push delivery leaves them plain)."""
         with self.sql.transaction():
             self.sweep(now)
             rows = self.sql.exec(
@@ -323,11 +325,15 @@ class Queue(ak.Actor):
                 (now, n),
             ).fetchall()
             if rows:
-                self.sql.exec(
+                update = (
                     "UPDATE actorkeep_queue SET attempts = attempts + 1, leased = 1, "
-                    f"visible_at = ? WHERE id IN ({','.join('?' * len(rows))})",
-                    (now + visibility, *(r[0] for r in rows)),
+                    f"visible_at = ? WHERE id IN ({','.join('?' * len(rows))})"
                 )
+                params = (now + visibility, *(r[0] for r in rows))
+                if durable:
+                    self.sql.exec(update, params, durable=True)  # gates the commit
+                else:
+                    self.sql.exec(update, params)
         return [
             Lease(i, attempts + 1, body, enqueued_at) for i, attempts, body, enqueued_at in rows
         ]
@@ -434,7 +440,7 @@ class Queue(ak.Actor):
         lingers in the index under a near alarm."""
         horizon = self.now() + LINGER
         near = at <= horizon and (current is None or current <= horizon)
-        await self.set_alarm(at, durable=not near)
+        await self.set_alarm(at, durable=not near, wait=False)
 
     async def _arm_after_lease(self, leases: list[Lease], visibility: float) -> None:
         if not leases:

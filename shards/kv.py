@@ -77,15 +77,16 @@ class KVShard(ak.Actor):
         self._next_version = int(seq) + 1
         self._reserved = int(seq)
 
-    async def _new_version(self) -> int:
+    def _new_version(self) -> int:
         version = self._next_version
         if version > self._reserved:
             # Under the simulator, tiny blocks make reservations (and the slow path of
-            # put_local) happen all the time.
+            # put_local) happen all the time. A gated write: no reply with a version of the
+            # block leaves before the reservation is durable.
             block = 2 if self.buggify("kv.short-reservation") else VERSION_BLOCK
             reserved = version + block - 1
-            await self.sql.exec_durable(
-                "UPDATE actorkeep_kv_meta SET seq = ? WHERE id = 0", (reserved,)
+            self.sql.exec(
+                "UPDATE actorkeep_kv_meta SET seq = ? WHERE id = 0", (reserved,), durable=True
             )
             self._reserved = reserved
         self._next_version = version + 1
@@ -202,7 +203,7 @@ class KVShard(ak.Actor):
         if live is None:
             self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,))  # an expired row
             return {"deleted": False}
-        await self.sql.exec_durable("DELETE FROM actorkeep_kv WHERE key = ?", (key,))
+        self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,), durable=True)
         return {"deleted": True}
 
     async def write(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
@@ -215,15 +216,15 @@ class KVShard(ak.Actor):
             refused = self.conflict(frame["expect"], live[0] if live else None)
             if refused is not None:
                 return refused
-        version = await self._new_version()
+        version = self._new_version()
         ttl: float | None = frame["ttl"]
         expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
         value = frame["value"]
         params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
         if frame["local"]:
             self.sql.exec(_INSERT, params)
-        else:
-            await self.sql.exec_durable(_INSERT, params)
+        else:  # a gated write: the reply leaves once it is durable (decision 0015)
+            self.sql.exec(_INSERT, params, durable=True)
         if expires_at is not None:
             await self._arm_expiry(expires_at)
         return {"version": version, "expires_at": expires_at}

@@ -207,6 +207,15 @@ class SimStorageView:
         files[target] = old
         return target
 
+    async def sync_all(self) -> None:
+        """Every file's committed image becomes durable (as ``sync(2)``)."""
+        if self.fenced:
+            raise Fenced(f"host incarnation {self.incarnation} has crashed")
+        for key in sorted(self.storage.files):
+            file = self.storage.files[key]
+            file.sync_seq += 1
+            file.durable, file.durable_seq = file.image(), file.sync_seq
+
     def _open(self, key: str) -> SimDatabase:
         if self.fenced:
             raise Fenced(f"host incarnation {self.incarnation} has crashed; cannot open {key}")

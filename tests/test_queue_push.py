@@ -296,21 +296,22 @@ async def test_a_crash_right_after_configure_stores_its_consumer_still_pushes(
     the two must not leave ready messages on a push queue with no alarm."""
     from actorkeep.sql import Sql
 
-    real = Sql.exec_durable
+    real = Sql.exec
 
-    async def crash_after_config_write(self: Sql, sql: str, params: Any = ()) -> Any:
+    def crash_after_config_write(self: Sql, sql: str, params: Any = (), **kw: Any) -> Any:
+        written = real(self, sql, params, **kw)
         if "actorkeep_queue_config" in sql:
-            self.exec(sql, params)  # committed: what a process crash right after it keeps
+            # Committed: what a process crash right after it keeps.
             raise OSError("the process died here")
-        return await real(self, sql, params)
+        return written
 
     async with open_host(app, data_dir) as host:
         q = Remote(host)
         ids = await q.send_batch([b"1", b"2"])
-        monkeypatch.setattr(Sql, "exec_durable", crash_after_config_write)
+        monkeypatch.setattr(Sql, "exec", crash_after_config_write)
         with pytest.raises(ak.RemoteError):
             await q.configure(Config(consumer="worker/w"))
-        monkeypatch.setattr(Sql, "exec_durable", real)
+        monkeypatch.setattr(Sql, "exec", real)
         await host.restart()  # may cut a push short: its leases then run out (30 s)
         await trio.sleep(60)
         assert sorted(set(seen_ids())) == ids

@@ -130,3 +130,40 @@ async def test_reopening_an_open_file_hands_the_state_over() -> None:
     new.conn.execute("INSERT INTO t VALUES (2)")
     new.close()
     assert _rows(storage) == [(1,), (2,)]
+
+
+async def test_a_rebuild_makes_the_files_it_registers_durable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The host database is lost while an actor's file is committed but not durable: the
+    rebuild registers the actor, so its file must be durable before the registry is, or power
+    loss turns it into a registered actor without a file (false damage; found by sim kv seed
+    104)."""
+    import actorkeep as ak
+    from actorkeep.testing import open_host
+
+    app = ak.App()
+
+    @app.actor("c")
+    class Counter(ak.Actor):
+        @ak.rpc
+        async def bump(self) -> int:
+            self.sql.exec("CREATE TABLE IF NOT EXISTS n (x INTEGER)")
+            self.sql.exec("INSERT INTO n VALUES (1)")  # plain: committed, not durable
+            (count,) = self.sql.exec("SELECT count(*) FROM n").fetchone()
+            return int(count)
+
+    storage = SimStorage()
+    first = storage.view()
+    async with open_host(app, storage=first) as host:
+        assert await host.host.call_rpc_here("x/y", (), "c/a", "bump", {}, 5.0) == 1
+        storage.crash(first)  # before its registration: the file is committed only
+    del storage.files["host"]  # the host database is lost: the next host rebuilds it
+    assert storage.files["actors/c/a"].durable is None
+    second = storage.view()
+    async with open_host(app, storage=second) as host:
+        assert host.host.registry.has("c/a")
+    storage.power_loss(second, random.Random(0), p_rollback=1.0)
+    async with open_host(app, storage=storage.view()) as host:
+        assert host.host.quarantined == {}
+        assert await host.host.call_rpc_here("x/y", (), "c/a", "bump", {}, 5.0) == 2

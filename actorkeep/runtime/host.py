@@ -182,9 +182,13 @@ class Host:
         try:
             index = LocalAlarmIndex(host_db)
             self._registry = registry = Registry(host_db)
-            rebuild_if_needed(
+            rebuilt = rebuild_if_needed(
                 self.storage, host_db, index, registry, self.clock.now(), set_aside is not None
             )
+            if rebuilt is not None:
+                # The registry names these actors from now on: their files must be durable
+                # before it is (a registered actor whose file is gone is damage).
+                await self.storage.sync_all()
             if self.clock.follows_wall:
                 guard.not_before_last_run()
             await host_db.sync()

@@ -93,6 +93,10 @@ class StorageBackend(Protocol):
     def set_aside_host_db(self) -> str:
         """Move a damaged host database out of the way (closed); where it went."""
 
+    async def sync_all(self) -> None:
+        """Make every database's committed writes durable (after a rebuild registered actors
+        whose files nobody synced)."""
+
     def close(self) -> None:
         """Release whatever the backend holds."""
 
@@ -408,6 +412,13 @@ class FileStorage:
                 os.replace(f"{self._host_db}{suffix}", f"{target}{suffix}")
         _fsync_path(self._host_db.parent)
         return target
+
+    async def sync_all(self) -> None:
+        # syncfs(2) of the data directory's file system would do; os.sync is what Python has.
+        if self.syncer is None:
+            os.sync()
+        else:
+            await self.syncer.run(os.sync, "sync all")
 
     def _lock(self) -> None:
         if self._lock_fd is not None:
