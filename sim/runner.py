@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from actorkeep.runtime.gate import Gate
+
 from .check import Violation, check_errors
 from .determinism import sub_rng
 from .faults import ALL_FAULTS, FaultDraw, draw_faults
@@ -91,8 +93,11 @@ def run_seed(
     draw = draw_faults(rng, faults)
     idle_timeout = rng.choice(IDLE_TIMEOUTS)
     planted = scenario.bugs[bug] if bug is not None else None
+    gate: dict[str, Any] = {}
+    if isinstance(planted, type) and issubclass(planted, Gate):  # a runtime bug (bugs.py)
+        gate, planted = {"gate": planted}, None
     setup = scenario.setup(plan, planted, draw)
-    host_options = {"idle_timeout": idle_timeout, **setup.host_options}
+    host_options = {"idle_timeout": idle_timeout, **setup.host_options, **gate}
     world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     summary: dict[str, object] = {
         "scenario": scenario.name,

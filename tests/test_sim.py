@@ -318,3 +318,29 @@ def test_a_quarantine_in_a_simulation_is_reported_as_false_damage() -> None:
     result = seed_result(5, world, [], 0, time.perf_counter(), {})
     assert [v.invariant for v in result.violations] == ["no-false-damage"]
     assert "kv/shard-0 was quarantined: its database file is missing" in str(result.violations[0])
+
+
+@pytest.mark.parametrize(
+    ("scenario", "within", "invariants"),
+    [
+        ("kv", 60, {"no-stale-read", "linearizable"}),
+        ("queues", 60, {"no-lost-message", "no-phantom"}),
+        ("alarms", 120, {"alarm-at-least-once", "alarm-liveness", "alarm-replaced-never-fires"}),
+    ],
+)
+def test_an_output_gate_that_releases_early_is_caught_by_every_checker(
+    scenario: str, within: int, invariants: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planted early-reply gate (sim/bugs.py) answers gated writes before their fsync:
+    the scenario's own checker sees acknowledged writes undone by power loss."""
+    for seed in range(within):
+        result = run_seed(scenario, seed, "early-reply")
+        if result.violations:
+            break
+    else:
+        pytest.fail(f"{within} seeds of {scenario} did not catch early-reply")
+    assert {v.invariant for v in result.violations} & invariants
+    assert run_seed(scenario, seed).ok  # the same seed with the real gate is clean
+    argv = ["--seeds", "1", "--start", str(seed), "--scenario", scenario, "--bug", "early-reply"]
+    assert sim_main(argv) == 1
+    assert f"replay {seed} --scenario {scenario} --bug early-reply" in capsys.readouterr().out

@@ -55,8 +55,10 @@ class Dispatcher:
         failures: Failures,
         faults: FaultHooks | None,
         max_pending: int,
+        gate_class: type[Gate] = Gate,
     ) -> None:
         self.host = host
+        self.gate_class = gate_class
         self.classes = classes
         self.activations = Activations(idle_timeout, max_active, self.start_worker)
         self.timeouts = timeouts
@@ -261,7 +263,7 @@ class Dispatcher:
             else:
                 act.reset_pending = True  # once the running event ends
 
-        gate = Gate(db, self._start_now, self.timeouts.reply, refuse, failed)
+        gate = self.gate_class(db, self._start_now, self.timeouts.reply, refuse, failed)
         return gate
 
     async def drain_gates(self) -> None:

@@ -84,7 +84,8 @@ class Gate:
 
     @property
     def closed(self) -> bool:
-        """Whether outputs must wait now (a gated write is not durable yet)."""
+        """Whether outputs must wait now (a gated write is not durable yet). A seam for the
+        simulator's planted early-reply bug."""
         return self.gated > self.durable
 
     @property
@@ -105,7 +106,7 @@ class Gate:
         it if a sync fails first (or has failed)."""
         if self.failed is not None:
             self._refuse(held, self.error())
-        elif self.gated > self.durable:
+        elif self.closed:
             self._held.append((self.gated, held, result))
         else:
             self._release(held, result)
@@ -128,7 +129,7 @@ class Gate:
         """Until every gated write so far is durable (``SyncFailed`` if a sync fails)."""
         if self.failed is not None:
             raise self.error()
-        if self.gated > self.durable:
+        if self.closed:
             await self._wait_for(self.gated)
 
     async def sync(self) -> None:

@@ -67,8 +67,8 @@ DRAIN_SECONDS = 10.0
 class Host:
     """Runs the actors of an ``App`` on one trio thread. Use ``async with host.open():``.
 
-    ``alarm_scheduler`` is the class of the alarm scheduler: a subclass of
-    ``AlarmScheduler`` only for the simulator's planted bugs.
+    ``alarm_scheduler`` is the class of the alarm scheduler and ``gate`` that of the actors'
+    output gates: subclasses only for the simulator's planted bugs.
     """
 
     def __init__(
@@ -87,6 +87,7 @@ class Host:
         faults: FaultHooks | None = None,
         debug: bool = False,
         alarm_scheduler: type[AlarmScheduler] = AlarmScheduler,
+        gate: type[Gate] = Gate,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -127,6 +128,7 @@ class Host:
             self._failures,
             faults,
             max_pending,
+            gate,
         )
         self.activations = self.dispatcher.activations
 

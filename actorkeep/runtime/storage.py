@@ -171,7 +171,11 @@ class FileDatabase:
     SQLite never checkpoints on that connection: commits do not sync under ``NORMAL`` either,
     ``sync()`` fsyncs the log, and the log is only ever reset by ``checkpoint()``, which syncs
     what it copies and makes the emptied log durable before the connection writes it again.
-    The host database (``host_db``) keeps ``NORMAL`` and is checkpointed in the background.
+    The host database (``host_db``) is written from the event loop at any time, so nothing
+    can keep it still for a checkpoint: a second connection copies its log in the background
+    (PASSIVE) and its own connection runs with ``NORMAL`` after the first sync, so that SQLite
+    syncs the header of its log itself when it starts the log afresh. That header sync, once
+    per ``WAL_CHECKPOINT_BYTES`` of host database log, is the one fsync left on the event loop.
     """
 
     def __init__(
@@ -190,12 +194,15 @@ class FileDatabase:
             path, isolation_level=None, cached_statements=128, check_same_thread=False
         )
         try:
-            configure_connection(self.conn, "NORMAL" if host_db else "OFF")
+            # OFF while the file is set up: a new file's switch to WAL syncs nothing on the
+            # event loop (its first sync() makes the file durable).
+            configure_connection(self.conn, "OFF")
             self.conn.execute("PRAGMA wal_autocheckpoint=0")
         except BaseException:
             self.conn.close()
             raise
         self._changes_seen = 0
+        self._normal = False  # the host database runs with NORMAL after its first sync
 
     async def _run(self, fn: Callable[[], None], what: str) -> None:
         if self._syncer is None:
@@ -205,6 +212,12 @@ class FileDatabase:
 
     async def sync(self) -> None:
         await self._run(self._fsync, "sync")
+        if self._host_db and not self._normal and not self.conn.in_transaction:
+            # From the first sync on (the log it writes at open needs no synced header: a log
+            # SQLite found valid is appended to, not restarted), the host database's own log
+            # restarts after a background checkpoint sync their header (see the class).
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self._normal = True
 
     def _fsync(self) -> None:
         try:

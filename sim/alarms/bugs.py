@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from actorkeep.runtime.activation import Activation
 from actorkeep.runtime.alarms import AlarmScheduler
+from actorkeep.runtime.gate import Gate
+
+from ..bugs import GATE_BUGS
 
 
 class EarlyAlarms(AlarmScheduler):
@@ -25,7 +28,8 @@ class PlainClearAlarms(AlarmScheduler):
         self.cleared(act.address, token)
 
 
-ALARM_BUGS: dict[str, type[AlarmScheduler]] = {
+ALARM_BUGS: dict[str, type[AlarmScheduler] | type[Gate]] = {
     "early-alarm": EarlyAlarms,
     "plain-clear": PlainClearAlarms,
+    **GATE_BUGS,
 }

@@ -35,6 +35,7 @@ def setup(plan: AlarmPlan, scheduler_cls: Any, draw: FaultDraw) -> Setup:
             "delays": plan.delays,
             "fail_p": plan.fail_p,
             "rearm_p": plan.rearm_p,
+            "gated_p": plan.gated_p,
         },
         host_options={} if scheduler_cls is None else {"alarm_scheduler": scheduler_cls},
     )

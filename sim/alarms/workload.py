@@ -59,14 +59,15 @@ class TimerActor(ak.Actor):
         return rec
 
     @ak.rpc
-    async def set(self, delay: float) -> float:
+    async def set(self, delay: float, wait: bool = True) -> float:
+        """``wait=False``: a gated write, acknowledged (the reply leaves) once durable."""
         at = self.now() + delay
-        await self.set_alarm(at)
+        await self.set_alarm(at, wait=wait)
         return at
 
     @ak.rpc
-    async def delete(self) -> None:
-        await self.delete_alarm()
+    async def delete(self, wait: bool = True) -> None:
+        await self.delete_alarm(wait=wait)
 
     @ak.rpc
     async def state(self) -> list[Any]:
@@ -118,6 +119,7 @@ class AlarmPlan:
     think: list[float]
     fail_p: float
     rearm_p: float
+    gated_p: float  # sets and deletes that do not wait for their fsync (wait=False)
 
 
 def draw_plan(rng: random.Random) -> AlarmPlan:
@@ -131,6 +133,7 @@ def draw_plan(rng: random.Random) -> AlarmPlan:
         think=rng.choice([[0.0, 0.01], [0.0, 0.05, 0.3], [0.2, 1.0]]),
         fail_p=rng.choice([0.0, 0.1, 0.3]),
         rearm_p=rng.choice([0.0, 0.2, 0.5]),
+        gated_p=rng.choice([0.0, 0.5, 1.0]),
     )
 
 
@@ -155,7 +158,11 @@ async def alarm_client(world: World, process: str, plan: AlarmPlan, rng: random.
         timer = f"t{rng.randrange(plan.timers)}"
         kind = rng.choices(["set", "delete", "state"], [70, 12, 18])[0]
         if kind == "set":
-            await timer_op(world, process, timer, "set", delay=rng.choice(plan.delays))
+            delay = rng.choice(plan.delays)
+            wait = rng.random() >= plan.gated_p
+            await timer_op(world, process, timer, "set", delay=delay, wait=wait)
+        elif kind == "delete":
+            await timer_op(world, process, timer, kind, wait=rng.random() >= plan.gated_p)
         else:
             await timer_op(world, process, timer, kind)
 

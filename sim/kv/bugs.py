@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import actorkeep as ak
+from actorkeep.runtime.gate import Gate
 from shards import KVShard
+
+from ..bugs import GATE_BUGS
 
 
 class ReusingShard(KVShard):
@@ -35,8 +38,9 @@ class LazyDurableShard(KVShard):
         return await super().write({**frame, "local": True})
 
 
-BUGS: dict[str, type[KVShard]] = {
+BUGS: dict[str, type[KVShard] | type[Gate]] = {
     "reuse-versions": ReusingShard,
     "blind-cas": BlindCasShard,
     "lazy-durable": LazyDurableShard,
+    **GATE_BUGS,
 }

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from actorkeep.runtime.gate import Gate
 from actorkeep.wire.queue import Lease, Outcome
 from queues import Queue
+
+from ..bugs import GATE_BUGS
 
 
 class StaleAckQueue(Queue):
@@ -50,8 +53,9 @@ class PlainLeaseQueue(Queue):
         return leases
 
 
-QUEUE_BUGS: dict[str, type[Queue]] = {
+QUEUE_BUGS: dict[str, type[Queue] | type[Gate]] = {
     "ack-stale": StaleAckQueue,
     "lazy-send": LazySendQueue,
     "lease-reuse": PlainLeaseQueue,
+    **GATE_BUGS,
 }

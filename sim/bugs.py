@@ -1,0 +1,19 @@
+"""Planted runtime bugs every scenario's checkers must catch (``--bug NAME`` with any
+``--scenario``): output gates that let what they hold out too soon (the host runs with one
+through ``Host(gate=...)``)."""
+
+from __future__ import annotations
+
+from actorkeep.runtime.gate import Gate
+
+
+class EarlyReplyGate(Gate):
+    """Never holds anything: a gated write's reply, and calls after it, leave before the write
+    is durable, so power loss can undo what was acknowledged."""
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+GATE_BUGS: dict[str, type[Gate]] = {"early-reply": EarlyReplyGate}

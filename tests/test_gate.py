@@ -1,0 +1,353 @@
+"""Output gates (docs/storage.md, decision 0015): a gated write commits at once, the actor goes
+on, and its replies and calls wait until a sync that covers it has ended; one sync covers
+every write before it; a failed sync refuses what it covered and reopens the actor."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import actorkeep as ak
+import actorkeep.runtime.storage as storage
+from actorkeep.testing import open_host
+
+app = ak.App()
+ran: list[int] = []  # what the ledger's handlers ran, in order
+setups: list[str] = []
+seen: list[int] = []  # what the peer was told
+fired: list[str] = []
+
+
+@app.actor("ledger")
+class Ledger(ak.Actor):
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+        setups.append(self.address)
+
+    @ak.rpc
+    async def add(self, x: int) -> int:
+        """A gated write (its handler never suspends: it may run inline)."""
+        self.sql.exec("INSERT INTO t VALUES (?)", (x,), durable=True)
+        ran.append(x)
+        return x
+
+    @ak.rpc
+    async def add_in_transaction(self, x: int) -> int:
+        with self.sql.transaction(durable=True):
+            self.sql.exec("INSERT INTO t VALUES (?)", (x,))
+        ran.append(x)
+        return x
+
+    @ak.rpc
+    async def plain(self, x: int) -> int:
+        self.sql.exec("INSERT INTO t VALUES (?)", (x,))
+        ran.append(x)
+        return x
+
+    @ak.rpc
+    async def add_then_tell(self, x: int) -> int:
+        self.sql.exec("INSERT INTO t VALUES (?)", (x,), durable=True)
+        ran.append(x)
+        told: int = await self.actors.ref("peer/p").tell(x=x)
+        return told
+
+    @ak.rpc
+    async def rows(self) -> list[int]:
+        return [r[0] for r in self.sql.exec("SELECT x FROM t ORDER BY rowid")]
+
+    @ak.rpc
+    async def arm(self, delay: float) -> None:
+        await self.set_alarm(self.now() + delay, wait=False)
+        ran.append(-1)
+
+    async def alarm(self, info: ak.AlarmInfo) -> None:
+        fired.append(self.address)
+
+
+@app.actor("peer")
+class Peer(ak.Actor):
+    @ak.rpc
+    async def tell(self, x: int) -> int:
+        seen.append(x)
+        return x
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    for log in (ran, setups, seen, fired):
+        log.clear()
+
+
+class Disk:
+    """The fdatasync of every database, counted by file; one can be held or made to fail."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []  # file names, in order
+        self.hold_next: str | None = None  # a file name: its next fdatasync waits for release
+        self.fail_next: str | None = None  # a file name: its next fdatasync raises EIO
+        self.holding = threading.Event()
+        self.released = threading.Event()
+
+    def datasync(self, real: Any, fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if self.fail_next is not None and name.startswith(self.fail_next):
+            self.fail_next = None
+            raise OSError(errno.EIO, "injected: the disk failed the fdatasync")
+        if self.hold_next is not None and name.startswith(self.hold_next):
+            self.hold_next = None
+            self.holding.set()
+            self.released.wait(10)
+        real(fd)
+        self.synced.append(name)
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for name in self.synced if name.startswith(prefix))
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
+    d = Disk()
+    real = storage._datasync
+    monkeypatch.setattr(storage, "_datasync", lambda fd: d.datasync(real, fd))
+    yield d
+    d.released.set()
+
+
+async def call(host: ak.testing.TestHost, address: str, method: str, /, **args: Any) -> Any:
+    resp = await host.request("POST", f"/{address}/_rpc/{method}", json=args)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+async def until(check: Any, what: object = None, seconds: float = 5.0) -> None:
+    with trio.move_on_after(seconds):
+        while not check():  # noqa: ASYNC110 (state other threads change: nothing to wait on)
+            await trio.sleep(0.005)
+        return
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+async def warm(host: ak.testing.TestHost, *addresses: str) -> None:
+    """Bring actors into being and let their registration syncs end."""
+    for address in addresses:
+        if address.startswith("ledger"):
+            await call(host, address, "rows")
+        else:
+            await call(host, address, "tell", x=0)
+    await trio.sleep(0.3)
+
+
+async def test_a_reply_waits_for_its_sync_while_the_actor_goes_on(
+    data_dir: Path, disk: Disk
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        seen.clear()
+        disk.hold_next = "a.sqlite"
+        replies: list[int] = []
+
+        async def add(x: int) -> None:
+            replies.append(await call(host, "ledger/a", "add", x=x))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(add, 1)
+            await trio.to_thread.run_sync(disk.holding.wait, 5)
+            # The fsync of add(1) is running. The actor takes its next events meanwhile...
+            for x in (2, 3, 4):
+                nursery.start_soon(add, x)
+            await until(lambda: sorted(ran) == [1, 2, 3, 4], ran)
+            # ...and another of its events that wrote nothing still waits: it may have read
+            # what is not durable yet.
+            nursery.start_soon(add, 5)
+            await until(lambda: len(ran) == 5, ran)
+            await trio.sleep(0.1)
+            assert replies == []  # nothing has left before the fsync ended
+            before = disk.count("a.sqlite")
+            disk.released.set()
+        assert sorted(replies) == [1, 2, 3, 4, 5]
+        # The held fsync, then one more: writes 2..5 committed while the first ran, and one
+        # fsync covered them all.
+        assert disk.count("a.sqlite") - before == 2
+
+
+async def test_plain_writes_and_reads_of_a_durable_actor_are_not_held(
+    data_dir: Path, disk: Disk
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        before = disk.count("a.sqlite")
+        assert await call(host, "ledger/a", "plain", x=7) == 7
+        assert await call(host, "ledger/a", "rows") == [7]
+        assert disk.count("a.sqlite") == before  # no fsync was asked for, none waited for
+
+
+async def test_a_call_after_a_gated_write_leaves_once_it_is_durable(
+    data_dir: Path, disk: Disk
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a", "peer/p")
+        seen.clear()
+        disk.hold_next = "a.sqlite"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(call, host, "ledger/a", "add_then_tell", x=9))
+            await trio.to_thread.run_sync(disk.holding.wait, 5)
+            await until(lambda: ran == [9])
+            await trio.sleep(0.1)
+            assert seen == []  # the peer has not heard of the write
+            disk.released.set()
+        assert seen == [9]
+
+
+async def test_a_gated_transaction_is_held_like_a_gated_statement(
+    data_dir: Path, disk: Disk
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        disk.hold_next = "a.sqlite"
+        replies: list[int] = []
+
+        async def add() -> None:
+            replies.append(await call(host, "ledger/a", "add_in_transaction", x=3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(add)
+            await trio.to_thread.run_sync(disk.holding.wait, 5)
+            await trio.sleep(0.1)
+            assert ran == [3] and replies == []
+            disk.released.set()
+        assert replies == [3]
+
+
+async def test_a_failed_sync_refuses_what_it_covered_and_reopens_the_actor(
+    data_dir: Path, disk: Disk
+) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        assert setups == ["ledger/a"]
+        disk.fail_next = "a.sqlite"
+        resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 1})
+        assert resp.status == 500  # never a success for a write that may not be durable
+        assert b"SyncFailed" in resp.body
+        # The actor was discarded: its next event opens the database again (setup runs).
+        assert await call(host, "ledger/a", "add", x=2) == 2
+        assert setups == ["ledger/a", "ledger/a"]
+        assert 2 in await call(host, "ledger/a", "rows")
+
+
+async def test_a_failed_sync_gives_outside_clients_no_internals(data_dir: Path, disk: Disk) -> None:
+    async with open_host(app, data_dir, debug=False) as host:
+        await warm(host, "ledger/a")
+        disk.fail_next = "a.sqlite"
+        resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 1})
+        assert resp.status == 500
+        assert b"internal error" in resp.body and b"a.sqlite" not in resp.body
+
+
+async def test_a_gated_alarm_does_not_wait_but_its_reply_does(data_dir: Path, disk: Disk) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        await call(host, "ledger/a", "arm", delay=3600)  # the first alarm: the index entry
+        disk.hold_next = "a.sqlite"
+        replies: list[None] = []
+
+        async def arm() -> None:
+            replies.append(await call(host, "ledger/a", "arm", delay=0.2))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(arm)
+            await trio.to_thread.run_sync(disk.holding.wait, 5)
+            await until(lambda: ran == [-1, -1])  # set_alarm returned without its fsync
+            await trio.sleep(0.1)
+            assert replies == []
+            disk.released.set()
+        assert replies == [None]
+        await until(lambda: fired == ["ledger/a"])
+
+
+async def test_a_clean_close_answers_what_the_gates_hold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from sim.storage import SimStorage
+
+    disk = SimStorage(fsync_delay=lambda: 1.0)  # every fsync takes a second
+    replies: list[int] = []
+    async with trio.open_nursery() as outside, open_host(app, storage=disk.view()) as host:
+        await call(host, "ledger/a", "rows")
+        await trio.sleep(5)
+
+        async def add() -> None:
+            replies.append(await call(host, "ledger/a", "add", x=1))
+
+        outside.start_soon(add)
+        await until(lambda: ran == [1])
+        assert replies == []  # held: its fsync takes a second; the host closes now
+    assert replies == [1]
+
+
+async def test_many_callers_share_fsyncs(data_dir: Path, disk: Disk) -> None:
+    async with open_host(app, data_dir) as host:
+        await warm(host, "ledger/a")
+        before = disk.count("a.sqlite")
+        async with trio.open_nursery() as nursery:
+            for x in range(64):
+                nursery.start_soon(partial(call, host, "ledger/a", "add", x=x))
+        assert sorted(await call(host, "ledger/a", "rows")) == list(range(64))
+        syncs = disk.count("a.sqlite") - before
+        assert 1 <= syncs < 32, syncs  # one per write would be 64
+
+
+def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
+    """Every fsync and fdatasync of a host doing local and durable KV puts, queue sends with
+    push delivery, gated alarms, checkpoints and evictions runs in a sync thread: ``strace -f``
+    counts them by thread."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI"):
+            pytest.fail("strace is missing: .ci/run installs it")
+        pytest.skip("needs strace (apt install strace)")
+    trace = tmp_path / "strace.txt"
+    probe = Path(__file__).parent / "apps" / "fsync_probe.py"
+    done = subprocess.run(
+        [
+            strace,
+            "-f",
+            "-e",
+            "trace=fsync,fdatasync",
+            "-o",
+            str(trace),
+            sys.executable,
+            str(probe),
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    by_thread: dict[int, int] = {}
+    for line in trace.read_text().splitlines():
+        tid, _, call = line.partition(" ")
+        if call.lstrip().startswith(("fsync(", "fdatasync(")):
+            by_thread[int(tid)] = by_thread.get(int(tid), 0) + 1
+    assert result["handled"] == 200
+    assert by_thread.get(result["loop_thread"], 0) == 0, by_thread
+    assert sum(by_thread.values()) > 100  # the sync threads did them all
+    # The busiest log was checkpointed by a sync thread, and stayed near its bound.
+    assert result["checkpoints"] >= 1
+    assert result["largest_wal"] < 2 * storage.WAL_CHECKPOINT_BYTES
