@@ -148,6 +148,9 @@ class _BulkDatabase:
     def checkpoint_due(self) -> bool:
         return False  # each file is written once
 
+    async def prepare_checkpoint(self) -> None:
+        """Nothing to do (never due)."""
+
     async def checkpoint(self) -> None:
         """Nothing (never due)."""
 

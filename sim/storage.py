@@ -132,6 +132,9 @@ class SimDatabase:
     def checkpoint_due(self) -> bool:
         return False  # an image in memory has no log to checkpoint
 
+    async def prepare_checkpoint(self) -> None:
+        """Nothing to do (never due)."""
+
     async def checkpoint(self) -> None:
         """Nothing to do: there is no log."""
 

@@ -138,7 +138,7 @@ class Activation:
         "address",
         "alarm",
         "alarm_touched",
-        "checkpoint_queued",
+        "checkpointing",
         "class_name",
         "closed",
         "current",
@@ -173,7 +173,7 @@ class Activation:
         self.db: Database | None = None
         self.gate: Gate | None = None  # the database's output gate, while it is open
         self.reset_pending = False  # a sync failed: close the database once no event runs
-        self.checkpoint_queued = False  # a checkpoint event waits in the inbox
+        self.checkpointing = False  # a checkpoint of its log is under way
         self.sql: Sql | None = None
         self.instance: Actor | None = None
         self.alarm: AlarmState | None = None

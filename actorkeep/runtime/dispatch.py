@@ -215,9 +215,9 @@ class Dispatcher:
         self.activations.used(act)
         if act.reset_pending:
             act.close_db()  # a sync failed: the next event opens the database afresh
-        elif act.db is not None and not act.checkpoint_queued and act.db.checkpoint_due():
-            act.checkpoint_queued = True
-            self.enqueue(act, Event.checkpoint(), limit=False)
+        elif act.db is not None and not act.checkpointing and act.db.checkpoint_due():
+            act.checkpointing = True
+            self._start_now(self._prepare_checkpoint, act)
         faults = self.faults
         if (
             faults is not None
@@ -227,16 +227,33 @@ class Dispatcher:
         ):
             self.activations.evict(act)
 
-    async def _checkpoint(self, act: Activation) -> None:
-        """Checkpoint the actor's write-ahead log while it takes no event (storage.py)."""
-        act.checkpoint_queued = False
+    async def _prepare_checkpoint(self, act: Activation) -> None:
+        """The first step of a checkpoint, while the actor goes on; then the last, as an event
+        of the actor's own (it takes no other meanwhile)."""
         db = act.db
-        if db is None:
-            return
+        assert db is not None
         try:
-            await db.checkpoint()
-        except Exception as exc:  # the log keeps growing; the next one tries again
+            await db.prepare_checkpoint()
+        except Exception as exc:  # the log keeps growing; the next look tries again
+            act.checkpointing = False
             log.warning("checkpoint failed", address=act.address, file=db.where, error=repr(exc))
+            return
+        if act.db is db and not act.closed:
+            self.enqueue(act, Event.checkpoint(), limit=False)
+        else:
+            act.checkpointing = False
+
+    async def _checkpoint(self, act: Activation) -> None:
+        """The last step of a checkpoint (storage.py), while the actor takes no event."""
+        db = act.db
+        try:
+            if db is not None:
+                await db.checkpoint()
+        except Exception as exc:  # the log keeps growing; the next look tries again
+            assert db is not None
+            log.warning("checkpoint failed", address=act.address, file=db.where, error=repr(exc))
+        finally:
+            act.checkpointing = False
 
     # -- output gates ------------------------------------------------------------------------
     def new_gate(self, act: Activation, db: Database) -> Gate:
@@ -277,10 +294,11 @@ class Dispatcher:
                 with contextlib.suppress(Exception):
                     await gate.sync()
 
-    def _start_now(self, fn: Any) -> None:
-        """Start a gate's sync task, even while the host closes (it answers what it holds)."""
+    def _start_now(self, fn: Any, *args: Any) -> None:
+        """Start a gate's sync task (or a checkpoint's), even while the host closes: a gate
+        answers what it holds."""
         assert self._nursery is not None
-        self._nursery.start_soon(fn)
+        self._nursery.start_soon(fn, *args)
 
     def retire(self, act: Activation) -> None:
         """Forget an activation whose worker has ended; fail the events it will never run."""

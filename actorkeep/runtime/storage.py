@@ -17,32 +17,55 @@ it were never copied into the database, or whose file fails SQLite's ``quick_che
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import sqlite3
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
 from ..errors import StorageDamaged
+from .damage import (
+    IDENTITY_TABLE,
+    check_database,
+    is_damage,
+    lost_wal_frames,
+    out_of_descriptors,
+    read_address,
+)
 from .syncer import Syncer
+
+__all__ = [
+    "IDENTITY_TABLE",
+    "DataDirInUse",
+    "Database",
+    "FileDatabase",
+    "FileStorage",
+    "StorageBackend",
+    "check_database",
+    "configure_connection",
+    "is_damage",
+    "lost_wal_frames",
+    "out_of_descriptors",
+    "read_address",
+]
 
 # Memory bound per open actor; pages are only allocated as used (SQLite's default is 2 MiB).
 CACHE_KIB = 512
-#: The table in each actor's database that names it (written when the actor is first opened).
-IDENTITY_TABLE = "actorkeep_actor"
 #: Files up to this size are checked with ``PRAGMA quick_check`` when opened (about 1 ms per
 #: MiB on the event loop); larger ones only by SQLite's own checks as pages are read.
 QUICK_CHECK_MAX_BYTES = 4 << 20
-#: An actor's write-ahead log past this size is checkpointed into its database.
-WAL_CHECKPOINT_BYTES = 4 << 20
+#: An actor's write-ahead log past this size is checkpointed into its database (and when the
+#: actor leaves memory). Each checkpoint holds the actor's events for its last step; larger
+#: logs mean fewer of those pauses, and more disk per busy actor.
+WAL_CHECKPOINT_BYTES = 16 << 20
+#: Copies of the log while the actor goes on, before the last step that holds it, and how
+#: many frames (pages) may be left for that step.
+PRECOPY_ROUNDS = 3
+PRECOPY_LEFT_FRAMES = 256
 #: Rows changed between two looks at the size of an actor's log (a ``stat`` each).
 CHECKPOINT_LOOK_EVERY = 256
-#: SQLite's primary result codes that mean a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
-_DAMAGE_CODES = frozenset({11, 26})
 
 
 class Database(Protocol):
@@ -61,9 +84,12 @@ class Database(Protocol):
         """Whether the write-ahead log has grown enough to be checkpointed (cheap: called
         after every event)."""
 
+    async def prepare_checkpoint(self) -> None:
+        """Copy most of the write-ahead log into the database while the actor goes on."""
+
     async def checkpoint(self) -> None:
-        """Copy the write-ahead log into the database and empty it. The caller makes sure
-        nothing uses the connection until it returns."""
+        """Copy the rest of the write-ahead log into the database and empty it. The caller
+        makes sure nothing uses the connection until it returns."""
 
     def close(self) -> None:
         """Close the connection; uncommitted work is rolled back."""
@@ -112,57 +138,6 @@ def configure_connection(conn: sqlite3.Connection, synchronous: str = "NORMAL") 
     conn.execute("PRAGMA cell_size_check=ON")
 
 
-def is_damage(exc: BaseException) -> bool:
-    """Whether ``exc`` says a database is damaged (rather than busy, full or missing)."""
-    if isinstance(exc, StorageDamaged):
-        return True
-    if isinstance(exc, sqlite3.DatabaseError):
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code is not None and code & 0xFF in _DAMAGE_CODES
-    return False
-
-
-_NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
-_SQLITE_CANTOPEN = 14
-
-
-def out_of_descriptors(exc: BaseException) -> bool:
-    """Whether ``exc`` came from the process (or system) running out of file descriptors.
-    SQLite reports that only as "unable to open database file": then try to open one."""
-    if isinstance(exc, OSError):
-        return exc.errno in _NO_DESCRIPTORS
-    if isinstance(exc, sqlite3.OperationalError):
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code is not None and code & 0xFF == _SQLITE_CANTOPEN:
-            try:
-                os.close(os.open(os.devnull, os.O_RDONLY))
-            except OSError as probe:
-                return probe.errno in _NO_DESCRIPTORS
-    return False
-
-
-def check_database(conn: sqlite3.Connection) -> str | None:
-    """``PRAGMA quick_check``: None if the database is sound, else the first problem."""
-    try:
-        rows = conn.execute("PRAGMA quick_check(1)").fetchall()
-    except sqlite3.DatabaseError as exc:
-        return str(exc)
-    problem = rows[0][0] if rows else "no answer to quick_check"
-    return None if problem == "ok" else str(problem)
-
-
-def read_address(conn: sqlite3.Connection) -> tuple[str, float] | None:
-    """The address and creation time an actor's database records about itself, if any (the
-    host writes them when it first opens the actor)."""
-    try:
-        row = conn.execute(
-            f"SELECT address, created_at FROM {IDENTITY_TABLE} WHERE id = 0"
-        ).fetchone()
-    except sqlite3.OperationalError:  # no such table: a database from before it existed
-        return None
-    return (str(row[0]), float(row[1])) if row else None
-
-
 class FileDatabase:
     """A database in a file. Its syncs, checkpoints and close run in sync threads.
 
@@ -203,6 +178,7 @@ class FileDatabase:
             raise
         self._changes_seen = 0
         self._normal = False  # the host database runs with NORMAL after its first sync
+        self._pin: sqlite3.Connection | None = None  # a snapshot held between checkpoint steps
 
     async def _run(self, fn: Callable[[], None], what: str) -> None:
         if self._syncer is None:
@@ -245,12 +221,49 @@ class FileDatabase:
         self._changes_seen = changes
         return self._wal_bytes() > WAL_CHECKPOINT_BYTES
 
+    async def prepare_checkpoint(self) -> None:
+        await self._run(self._prepare_checkpoint, "checkpoint, first step")
+
+    def _prepare_checkpoint(self) -> None:
+        # In a sync thread, while the actor goes on writing. A reader connection pins a
+        # snapshot first: while it holds one, SQLite never starts the log afresh (which, with
+        # OFF, would not sync the new header). Then a second connection copies the log up to
+        # that snapshot (PASSIVE: it never blocks the writer) and syncs the database. The
+        # pin stays until checkpoint().
+        # While the copy runs the actor writes on: copy again (a new pin taken before the old
+        # one goes) until what is left for checkpoint() is small.
+        copier = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            copier.execute("PRAGMA synchronous=NORMAL")
+            for _ in range(PRECOPY_ROUNDS):
+                pin = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                try:
+                    pin.execute("BEGIN")
+                    pin.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                except BaseException:
+                    pin.close()
+                    raise
+                self._unpin()
+                self._pin = pin
+                _, frames, copied = copier.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if frames - copied <= PRECOPY_LEFT_FRAMES:
+                    break
+        finally:
+            copier.close()
+
+    def _unpin(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.close()  # ends its read transaction
+
     async def checkpoint(self) -> None:
         await self._run(self._checkpoint, "checkpoint")
 
     def _checkpoint(self) -> None:
-        # In a sync thread, while the trio thread leaves the connection alone. With NORMAL the
-        # checkpoint syncs the log before copying it and the database after.
+        # In a sync thread, while the trio thread leaves the connection alone (the actor takes
+        # no event): what prepare_checkpoint left is little. With NORMAL the checkpoint syncs
+        # the log before copying it and the database after.
+        self._unpin()
         conn = self.conn
         conn.execute("PRAGMA synchronous=NORMAL")
         busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
@@ -281,6 +294,7 @@ class FileDatabase:
         # The last connection to close checkpoints the log into the database: with NORMAL,
         # that checkpoint syncs before the log is deleted.
         try:
+            self._unpin()
             self.conn.execute("PRAGMA synchronous=NORMAL")
         finally:
             self.conn.close()
@@ -297,25 +311,6 @@ def _fsync_path(path: Path, data_only: bool = False) -> None:
         (_datasync if data_only else os.fsync)(fd)
     finally:
         os.close(fd)
-
-
-def lost_wal_frames(path: Path) -> int:
-    """How many WAL frames of ``path`` were never copied into it and are gone with a deleted
-    ``-wal`` file: 0 unless the ``-wal`` is missing while the ``-shm`` index says it held
-    frames past the last checkpoint (SQLite would open the file without them, silently)."""
-    if Path(f"{path}-wal").exists():
-        return 0
-    try:
-        with open(f"{path}-shm", "rb") as shm:
-            header = shm.read(100)
-    except FileNotFoundError:
-        return 0
-    if len(header) < 100 or header[12] != 1:  # isInit of the wal-index header
-        return 0
-    # The wal-index is shared memory: its integers are in the machine's own byte order.
-    (max_frame,) = struct.unpack_from("=I", header, 16)  # mxFrame
-    (backfilled,) = struct.unpack_from("=I", header, 96)  # nBackfill of the checkpoint info
-    return max(0, int(max_frame) - int(backfilled))
 
 
 class DataDirInUse(OSError):
