@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import sqlite3
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -144,8 +145,9 @@ class FileDatabase:
     An actor's connection runs with ``synchronous=OFF``: SQLite itself never fsyncs on the
     event loop. That is safe because nothing else differs from ``NORMAL`` in WAL mode once
     SQLite never checkpoints on that connection: commits do not sync under ``NORMAL`` either,
-    ``sync()`` fsyncs the log, and the log is only ever reset by ``checkpoint()``, which syncs
-    what it copies and makes the emptied log durable before the connection writes it again.
+    ``sync()`` fsyncs the log, and the log only ever starts afresh in ``checkpoint()``, which
+    syncs what it copies and writes the new log's header under ``NORMAL`` (synced) before the
+    connection writes frames over the old ones.
     The host database (``host_db``) is written from the event loop at any time, so nothing
     can keep it still for a checkpoint: a second connection copies its log in the background
     (PASSIVE) and its own connection runs with ``NORMAL`` after the first sync, so that SQLite
@@ -219,7 +221,21 @@ class FileDatabase:
         if changes - self._changes_seen < CHECKPOINT_LOOK_EVERY or self._host_db:
             return False
         self._changes_seen = changes
-        return self._wal_bytes() > WAL_CHECKPOINT_BYTES
+        return self._log_bytes() > WAL_CHECKPOINT_BYTES
+
+    def _log_bytes(self) -> int:
+        """The bytes of the log's frames since it last started afresh (the file itself keeps
+        its size), read off the shared wal-index header SQLite keeps in ``-shm``."""
+        try:
+            with open(f"{self.path}-shm", "rb") as shm:
+                header = shm.read(24)
+        except FileNotFoundError:
+            return 0
+        if len(header) < 24:
+            return 0
+        # In the machine's byte order: szPage (u16, 1 for 65536) at 14, mxFrame (u32) at 16.
+        page, frames = struct.unpack_from("=HI", header, 14)
+        return int(frames) * ((65536 if page == 1 else int(page)) + 24)
 
     async def prepare_checkpoint(self) -> None:
         await self._run(self._prepare_checkpoint, "checkpoint, first step")
@@ -266,12 +282,18 @@ class FileDatabase:
         self._unpin()
         conn = self.conn
         conn.execute("PRAGMA synchronous=NORMAL")
-        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        busy = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
         if busy:
             # A reader outside the host holds a snapshot. The connection stays NORMAL, under
-            # which SQLite syncs the log's header itself if it resets the log; try again later.
+            # which SQLite syncs the log's header itself if it restarts the log; try later.
             return
-        _fsync_path(self._wal, data_only=True)  # the empty log is durable before it is reused
+        # The log is all copied: the next write starts it afresh from its first frame, over
+        # the old ones. Make that write here, under NORMAL, which syncs the new header before
+        # any frame is written. (Setting user_version to itself writes one page and changes
+        # nothing.) The file keeps its size: later fdatasyncs rewrite blocks in place, about
+        # half the cost of syncing a log that grows.
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version={int(version)}")
         conn.execute("PRAGMA synchronous=OFF")
 
     def _checkpoint_host_db(self) -> None:
