@@ -230,12 +230,7 @@ class Client:
             key=k, value=v, expect=_wire_expect(options.expect), ttl=ttl, local=local
         )
         try:
-            if local and ttl is None:
-                reply = await self._call(k, wire.PUT_LOCAL, frame)
-                if reply.get("slow"):  # the shard must reserve versions durably first
-                    reply = await self._call(k, wire.PUT, frame)
-            else:
-                reply = await self._call(k, wire.PUT, frame)
+            reply = await self._call(k, wire.PUT if ttl is not None else wire.PUT_NOW, frame)
         except Conflict:
             self._forget(k)
             raise

@@ -81,9 +81,8 @@ class KVShard(ak.Actor):
     def _new_version(self) -> int:
         version = self._next_version
         if version > self._reserved:
-            # Under the simulator, tiny blocks make reservations (and the slow path of
-            # put_local) happen all the time. A gated write: no reply with a version of the
-            # block leaves before the reservation is durable.
+            # Under the simulator, tiny blocks make reservations happen all the time. A gated
+            # write: no reply with a version of the block leaves before it is durable.
             block = 2 if self.buggify("kv.short-reservation") else VERSION_BLOCK
             reserved = version + block - 1
             self.sql.exec(
@@ -174,25 +173,23 @@ class KVShard(ak.Actor):
 
     @wire.PUT.handler
     async def put(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
-        return await self.write(frame)
+        """A put with a TTL (or any put): the row, then the expiry alarm."""
+        done = self.write(frame)
+        if isinstance(done, ak.Response):
+            return done
+        version, expires_at = done
+        if expires_at is not None:
+            await self._arm_expiry(expires_at)
+        return {"version": version, "expires_at": expires_at}
 
-    @wire.PUT_LOCAL.handler
-    def put_local(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
-        """A local put without TTL, answered without waiting for storage. When the versions
-        reserved durably are used up it answers ``{"slow": true}`` and the client sends the
-        same frame to ``put``."""
-        if self._next_version > self._reserved:
-            return {"slow": True}
-        if frame["expect"] is not None:
-            live = self._live(frame["key"], self._now_ms())
-            refused = self.conflict(frame["expect"], live[0] if live else None)
-            if refused is not None:
-                return refused
-        version = self._next_version
-        self._next_version = version + 1
-        key, value = frame["key"], frame["value"]
-        self.sql.exec(_INSERT, (key, value, version, None, row_sum(key, value, version, None)))
-        return {"version": version, "expires_at": None}
+    @wire.PUT_NOW.handler
+    def put_now(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
+        """A put without TTL. Its handler never suspends, so the host may run it in the
+        caller's task (decision 0001); a durable one answers through the output gate."""
+        done = self.write(frame)
+        if isinstance(done, ak.Response):
+            return done
+        return {"version": done[0], "expires_at": None}
 
     @wire.DELETE.handler
     async def delete(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
@@ -207,9 +204,9 @@ class KVShard(ak.Actor):
         self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,), durable=True)
         return {"deleted": True}
 
-    async def write(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
-        """A put: check the expectation, take the next version, write (durably unless
-        ``local``), arm the expiry alarm."""
+    def write(self, frame: dict[str, Any]) -> tuple[int, int | None] | ak.Response:
+        """A put's row: check the expectation, take the next version, write (a gated write
+        unless ``local``); the version and expiry, or the refusal."""
         key: bytes = frame["key"]
         now_ms = self._now_ms()
         if frame["expect"] is not None:  # an expectation: check it against the live version
@@ -222,13 +219,16 @@ class KVShard(ak.Actor):
         expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
         value = frame["value"]
         params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
-        if frame["local"]:
-            self.sql.exec(_INSERT, params)
-        else:  # a gated write: the reply leaves once it is durable (decision 0015)
+        self.insert(params, durable=not frame["local"])
+        return version, expires_at
+
+    def insert(self, params: tuple[Any, ...], durable: bool) -> None:
+        """Write one row; ``durable``: a gated write, whose reply leaves once it is durable
+        (decision 0015)."""
+        if durable:
             self.sql.exec(_INSERT, params, durable=True)
-        if expires_at is not None:
-            await self._arm_expiry(expires_at)
-        return {"version": version, "expires_at": expires_at}
+        else:
+            self.sql.exec(_INSERT, params)
 
     async def _arm_expiry(self, expires_at_ms: int) -> None:
         # One millisecond late, so that floor(now * 1000) >= expires_at when it fires.

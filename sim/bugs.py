@@ -11,8 +11,7 @@ class EarlyReplyGate(Gate):
     """Never holds anything: a gated write's reply, and calls after it, leave before the write
     is durable, so power loss can undo what was acknowledged."""
 
-    @property
-    def closed(self) -> bool:
+    def _closes(self) -> bool:
         return False
 
 

@@ -382,7 +382,7 @@ async def test_malformed_frames_are_400_and_write_nothing(
             assert conn.execute("SELECT seq FROM actorkeep_kv_meta").fetchone()[0] == 0
 
 
-@given(st.sampled_from(["get", "put", "delete", "list", "put_local"]), st.binary(max_size=64))
+@given(st.sampled_from(["get", "put", "delete", "list", "put_now"]), st.binary(max_size=64))
 def test_frame_decoder_never_fails_otherwise(op: str, body: bytes) -> None:
     try:
         frame = kv_wire.KV.ops[op].decode(body)

@@ -121,7 +121,7 @@ KV_REQUESTS = requests(
     {
         "get": frame({"key": keys}),
         "put": kv_put,
-        "put_local": kv_put,
+        "put_now": kv_put,
         "delete": frame({"key": keys}, expect=kv_versions),
         "list": frame(
             {},
@@ -130,7 +130,7 @@ KV_REQUESTS = requests(
             limit=st.sampled_from([0, 1, 2, 1000, 1001]),
         ),
     },
-    ["get", "put", "put_local", "delete", "list", "nope", "", "put/x", "GET"],
+    ["get", "put", "put_now", "delete", "list", "nope", "", "put/x", "GET"],
     ["key", "value", "expect", "ttl", "local", "prefix", "after", "limit"],
 )
 KV_PREFIX = KV.prefix

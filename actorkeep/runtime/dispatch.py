@@ -143,7 +143,7 @@ class Dispatcher:
             self._after_event(act)
         if damaged:
             raise Quarantined(quarantine_message(act.address))
-        if gate is not None and (gate.closed or gate.failed is not None):
+        if gate is not None and gate.closed:
             gate.hold(ev, outcome.Value(resp))  # the output gate: wait for the writes
             return await self.timeouts.wait_reply(ev, timeout)
         return resp
@@ -197,7 +197,7 @@ class Dispatcher:
                     else:
                         result = await self._run(act, ev)
                         gate = act.gate
-                        if gate is not None and (gate.closed or gate.failed is not None):
+                        if gate is not None and gate.closed:
                             gate.hold(ev, result)  # the output gate: wait for the writes
                         else:
                             self.timeouts.reply(ev, result)
@@ -213,9 +213,15 @@ class Dispatcher:
     def _after_event(self, act: Activation) -> None:
         act.current = None
         self.activations.used(act)
+        db = act.db
         if act.reset_pending:
             act.close_db()  # a sync failed: the next event opens the database afresh
-        elif act.db is not None and not act.checkpointing and act.db.checkpoint_due():
+        elif (
+            db is not None
+            and db.conn.total_changes >= db.look_at
+            and not act.checkpointing
+            and db.checkpoint_due()
+        ):
             act.checkpointing = True
             self._start_now(self._prepare_checkpoint, act)
         faults = self.faults

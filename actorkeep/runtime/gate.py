@@ -19,10 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 import outcome
+import structlog
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from ..errors import HostClosed
 from .storage import Database
+
+log = structlog.get_logger("actorkeep")
 
 
 class SyncFailed(OSError):
@@ -53,6 +56,7 @@ class Gate:
         "_release",
         "_spawn",
         "_waiters",
+        "closed",
         "durable",
         "failed",
         "gated",
@@ -77,16 +81,13 @@ class Gate:
         self.gated = 0
         self.durable = 0
         self.syncing = False
+        #: Whether outputs must wait now: a gated write is not durable yet, or a sync failed
+        #: (what waits is then refused). An attribute, read on every reply and call.
+        self.closed = False
         self.failed: BaseException | None = None
         self._held: list[tuple[int, Any, outcome.Outcome[Any]]] = []
         self._waiters: list[tuple[int, Task]] = []
         self._after: list[tuple[int, Callable[[], None]]] = []
-
-    @property
-    def closed(self) -> bool:
-        """Whether outputs must wait now (a gated write is not durable yet). A seam for the
-        simulator's planted early-reply bug."""
-        return self.gated > self.durable
 
     @property
     def busy(self) -> bool:
@@ -98,8 +99,13 @@ class Gate:
         durable."""
         self.seq += 1
         self.gated = self.seq
+        self.closed = self._closes()
         if not self.syncing:
             self._start()
+
+    def _closes(self) -> bool:
+        """Whether a gated write closes the gate (always, but for a planted bug)."""
+        return True
 
     def hold(self, held: Any, result: outcome.Outcome[Any]) -> None:
         """Hand ``result`` on (``release``) once every gated write so far is durable; refuse
@@ -170,6 +176,7 @@ class Gate:
                     self._fail(exc)
                     return
                 self.durable = point
+                self.closed = self.gated > point and self._closes()
                 self._reached(point)
         except BaseException:  # cancelled: the host is closing with syncs still running
             self._abandon()
@@ -199,7 +206,10 @@ class Gate:
             due = [fn for need, fn in self._after if need <= point]
             self._after = [(need, fn) for need, fn in self._after if need > point]
             for fn in due:
-                fn()
+                try:
+                    fn()
+                except Exception as exc:  # the host's own bookkeeping: never the host's end
+                    log.error("a step after a sync failed", file=self._db.where, error=repr(exc))
 
     def _abandon(self) -> None:
         held, self._held = self._held, []
@@ -212,6 +222,7 @@ class Gate:
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = exc
+        self.closed = True  # whatever is handed to the gate from now on is refused
         held, self._held = self._held, []
         waiters, self._waiters = self._waiters, []
         self._after = []

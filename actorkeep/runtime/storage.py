@@ -1,5 +1,4 @@
-"""The storage backend seam (docs/reference.md §3) and the production backend: one SQLite
-file per actor.
+"""The production storage backend (the seam is backend.py): one SQLite file per actor.
 
 A backend opens databases; a database is a ``sqlite3.Connection`` plus ``sync()``, which makes
 every write committed so far survive power loss. The file backend commits in WAL mode (a commit
@@ -21,12 +20,13 @@ import fcntl
 import os
 import sqlite3
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
 from ..errors import StorageDamaged
+from .backend import Database, StorageBackend
 from .damage import (
     IDENTITY_TABLE,
     check_database,
@@ -67,65 +67,6 @@ PRECOPY_ROUNDS = 3
 PRECOPY_LEFT_FRAMES = 256
 #: Rows changed between two looks at the size of an actor's log (a ``stat`` each).
 CHECKPOINT_LOOK_EVERY = 256
-
-
-class Database(Protocol):
-    """One SQLite database as the host uses it."""
-
-    conn: sqlite3.Connection
-
-    @property
-    def where(self) -> str:
-        """Where the database lives, for logs and error messages (a file's path)."""
-
-    async def sync(self) -> None:
-        """Make every write committed so far durable (survive power loss)."""
-
-    def checkpoint_due(self) -> bool:
-        """Whether the write-ahead log has grown enough to be checkpointed (cheap: called
-        after every event)."""
-
-    async def prepare_checkpoint(self) -> None:
-        """Copy most of the write-ahead log into the database while the actor goes on."""
-
-    async def checkpoint(self) -> None:
-        """Copy the rest of the write-ahead log into the database and empty it. The caller
-        makes sure nothing uses the connection until it returns."""
-
-    def close(self) -> None:
-        """Close the connection; uncommitted work is rolled back."""
-
-
-class StorageBackend(Protocol):
-    """Where databases live. Injected into the host."""
-
-    def open_actor(self, class_name: str, name: str, existing: bool = False) -> Database:
-        """Open (creating if needed) the database of a validated actor address.
-
-        ``existing``: the host knows the actor existed; a database that is gone, empty or
-        has lost committed writes raises ``StorageDamaged`` instead of starting afresh."""
-
-    def exists(self, class_name: str, name: str) -> bool:
-        """Whether the actor has a database (without creating one)."""
-
-    def actors(self) -> Iterator[tuple[str, str]]:
-        """``(class_name, name)`` of every actor database, in no particular order."""
-
-    def has_actors(self) -> bool:
-        """Whether any actor database may exist (cheap: no full listing)."""
-
-    def open_host_db(self) -> Database:
-        """Open the host's own database (the alarm index and the actor registry)."""
-
-    def set_aside_host_db(self) -> str:
-        """Move a damaged host database out of the way (closed); where it went."""
-
-    async def sync_all(self) -> None:
-        """Make every database's committed writes durable (after a rebuild registered actors
-        whose files nobody synced)."""
-
-    def close(self) -> None:
-        """Release whatever the backend holds."""
 
 
 def configure_connection(conn: sqlite3.Connection, synchronous: str = "NORMAL") -> None:
@@ -178,9 +119,12 @@ class FileDatabase:
         except BaseException:
             self.conn.close()
             raise
-        self._changes_seen = 0
+        self.look_at = CHECKPOINT_LOOK_EVERY
         self._normal = False  # the host database runs with NORMAL after its first sync
         self._pin: sqlite3.Connection | None = None  # a snapshot held between checkpoint steps
+        # Checkpoint steps and the close run in sync threads, perhaps two at once: in turn.
+        self._steps = threading.Lock()
+        self._closed = False
 
     async def _run(self, fn: Callable[[], None], what: str) -> None:
         if self._syncer is None:
@@ -190,7 +134,7 @@ class FileDatabase:
 
     async def sync(self) -> None:
         await self._run(self._fsync, "sync")
-        if self._host_db and not self._normal and not self.conn.in_transaction:
+        if self._host_db and not self._normal and not self._closed and not self.conn.in_transaction:
             # From the first sync on (the log it writes at open needs no synced header: a log
             # SQLite found valid is appended to, not restarted), the host database's own log
             # restarts after a background checkpoint sync their header (see the class).
@@ -217,11 +161,8 @@ class FileDatabase:
             return 0
 
     def checkpoint_due(self) -> bool:
-        changes = self.conn.total_changes
-        if changes - self._changes_seen < CHECKPOINT_LOOK_EVERY or self._host_db:
-            return False
-        self._changes_seen = changes
-        return self._log_bytes() > WAL_CHECKPOINT_BYTES
+        self.look_at = self.conn.total_changes + CHECKPOINT_LOOK_EVERY
+        return not self._host_db and self._log_bytes() > WAL_CHECKPOINT_BYTES
 
     def _log_bytes(self) -> int:
         """The bytes of the log's frames since it last started afresh (the file itself keeps
@@ -246,6 +187,11 @@ class FileDatabase:
         # OFF, would not sync the new header). Then a second connection copies the log up to
         # that snapshot (PASSIVE: it never blocks the writer) and syncs the database. The
         # pin stays until checkpoint().
+        with self._steps:
+            if not self._closed:
+                self._copy_log()
+
+    def _copy_log(self) -> None:
         # While the copy runs the actor writes on: copy again (a new pin taken before the old
         # one goes) until what is left for checkpoint() is small.
         copier = sqlite3.connect(self.path, isolation_level=None)
@@ -279,6 +225,11 @@ class FileDatabase:
         # In a sync thread, while the trio thread leaves the connection alone (the actor takes
         # no event): what prepare_checkpoint left is little. With NORMAL the checkpoint syncs
         # the log before copying it and the database after.
+        with self._steps:
+            if not self._closed:
+                self._restart_log()
+
+    def _restart_log(self) -> None:
         self._unpin()
         conn = self.conn
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -315,11 +266,13 @@ class FileDatabase:
     def _close(self) -> None:
         # The last connection to close checkpoints the log into the database: with NORMAL,
         # that checkpoint syncs before the log is deleted.
-        try:
-            self._unpin()
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-        finally:
-            self.conn.close()
+        with self._steps:
+            self._closed = True
+            try:
+                self._unpin()
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            finally:
+                self.conn.close()
 
 
 # fdatasync flushes the data and the metadata needed to read it back (the size of a growing

@@ -126,14 +126,14 @@ PUT: Final = KV.op(
 )
 
 
-def _local_only(frame: dict[str, Any], address: str) -> None:
-    if not frame["local"] or frame["ttl"] is not None:
-        raise ValueError("put_local takes local puts without ttl")
+def _no_ttl(frame: dict[str, Any], address: str) -> None:
+    if frame["ttl"] is not None:
+        raise ValueError("put_now takes puts without ttl")
 
 
-#: A local put without TTL, answered without waiting for storage; ``{"slow": true}`` when the
-#: shard must first reserve versions durably (the client then sends the frame to ``put``).
-PUT_LOCAL: Final = KV.op("put_local", PUT.fields, validate=_local_only)
+#: A put without TTL (local or durable), whose handler never suspends: the host may run it in
+#: the caller's task, and a durable one answers through the shard's output gate.
+PUT_NOW: Final = KV.op("put_now", PUT.fields, reply=PUT.reply_fields, validate=_no_ttl)
 DELETE: Final = KV.op(
     "delete",
     {"key": (check_key, REQUIRED), "expect": (check_expect, None)},
