@@ -15,6 +15,9 @@ side by side in one run.
    Target: >= 3x.
 5. KV local put latency, one caller, 20,000 puts of 100 bytes through the client: p50, p99 and
    p99.9. Target: p99.9 <= 3x p50.
+6. The hand-off to a sync thread: ``Syncer.run`` (the host's sync threads) vs
+   ``trio.to_thread.run_sync``, of a function that does nothing and of an append + fdatasync:
+   microseconds per call (no target; the sync worker must not cost more).
 
 Every side runs once per round, the rounds interleave the sides, and min/median/max over the
 rounds are printed. Files live under ``.bench-tmp/`` in the repository (the project's disk).
@@ -52,6 +55,7 @@ import actorkeep as ak
 import shards
 from actorkeep import codec
 from actorkeep.runtime import storage
+from actorkeep.runtime.syncer import Syncer
 from queues import Queue
 
 PRODUCERS = 32
@@ -317,6 +321,32 @@ async def tail(host: ak.Host, n: int) -> list[float]:
     return [pct(0.5), pct(0.99), pct(0.999)]
 
 
+async def handoff(syncer: Any, tmp: Path, n: int) -> list[float]:
+    """[Syncer noop, to_thread noop, Syncer fdatasync, to_thread fdatasync], us per call."""
+    path = tmp / "handoff"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append() -> None:
+        os.write(fd, BODY)
+        os.fdatasync(fd)
+
+    def noop() -> None:
+        pass
+
+    out = []
+    try:
+        for fn, count in ((noop, n), (append, n // 4)):
+            for run in (syncer.run, trio.to_thread.run_sync):
+                start = time.perf_counter()
+                for _ in range(count):
+                    await run(fn)
+                out.append((time.perf_counter() - start) / count * 1e6)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return [out[0], out[1], out[2], out[3]]
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 Results = dict[str, list[float]]
@@ -350,6 +380,17 @@ async def measure(tmp: Path, rounds: int, quick: bool, results: Results) -> None
             results["p50_us"].append(p50)
             results["p99_us"].append(p99)
             results["p99.9_us"].append(p999)
+            syncer = Syncer()
+            try:
+                sync_noop, thread_noop, sync_fd, thread_fd = await handoff(
+                    syncer, tmp, 200 if quick else 2000
+                )
+            finally:
+                syncer.close()
+            results["syncer_noop_us"].append(sync_noop)
+            results["to_thread_noop_us"].append(thread_noop)
+            results["syncer_fdatasync_us"].append(sync_fd)
+            results["to_thread_fdatasync_us"].append(thread_fd)
 
 
 def spread(values: list[float]) -> str:
@@ -365,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     keys = (
         "queue_sends", "sends_per_fsync", "append_fdatasync", "shard_durable", "shard_local",
         "single_durable", "raw_full", "push", "huey", "p50_us", "p99_us", "p99.9_us",
+        "syncer_noop_us", "to_thread_noop_us", "syncer_fdatasync_us", "to_thread_fdatasync_us",
     )  # fmt: skip
     results: Results = {k: [] for k in keys}
     load_before = os.getloadavg()[0]
@@ -380,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
             BENCH_TMP.rmdir()
     print(f"gates: {rounds} rounds (load average {load_before:.2f} before, {os.cpu_count()} cores)")
     for k, v in results.items():
-        print(f"  {k:17} {spread(v)}")
+        print(f"  {k:22} {spread(v)}")
 
     def ratio(name: str, a: str, b: str, target: float) -> None:
         pairs = [x / y for x, y in zip(results[a], results[b], strict=True)]

@@ -35,6 +35,13 @@ def test_bench_quick_run(name: str) -> None:
     assert any("ratio" in line for line in out.splitlines()), out
 
 
+def test_gates_quick_run() -> None:
+    """bench/gates.py --quick: every side runs and each target line is printed."""
+    out = run_quick("gates", timeout=120)
+    for what in ("sends per fsync", "one shard", "one caller", "push fed by", "p99.9/p50"):
+        assert what in out, out
+
+
 @pytest.mark.slow
 def test_load_quick_run() -> None:
     """bench/load.py --quick: 200 clients for 5 s against a real host; no error, nothing lost."""
