@@ -182,6 +182,11 @@ class BulkStorage:
     def open_host_db(self) -> _BulkDatabase:
         return _BulkDatabase(self.root / "host" / "host.sqlite")
 
+    closing = 0  # databases close at once
+
+    async def closed(self, class_name: str, name: str) -> None:
+        """Nothing to wait for: databases close at once."""
+
     async def sync_all(self) -> None:
         """Nothing: the bulk load ends with one ``sync(2)``."""
 

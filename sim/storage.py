@@ -212,6 +212,11 @@ class SimStorageView:
         files[target] = old
         return target
 
+    closing = 0  # databases close at once
+
+    async def closed(self, class_name: str, name: str) -> None:
+        """Nothing to wait for: databases close at once."""
+
     async def sync_all(self) -> None:
         """Every file's committed image becomes durable (as ``sync(2)``)."""
         if self.fenced:

@@ -255,3 +255,35 @@ async def test_an_event_may_not_end_with_an_open_transaction(
         await rpc(host, "store/a", "plain", k="next", v=1)
         await host.restart()
         assert await rpc(host, "store/a", "get", k="next") == 1
+
+
+async def test_an_actor_reopened_while_its_last_database_closes_waits_for_the_close(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database closes in a sync thread, where SQLite's last-connection checkpoint holds the
+    file exclusively: the actor's next database must not open before that has ended."""
+    from actorkeep.runtime.storage import FileDatabase
+
+    closing = threading.Event()
+    real_close = FileDatabase._close
+
+    def slow_close(self: FileDatabase) -> None:
+        closing.set()
+        time.sleep(0.3)
+        real_close(self)
+
+    monkeypatch.setattr(FileDatabase, "_close", slow_close)
+    storage = FileStorage(data_dir, in_thread=True)
+    db = storage.open_actor("store", "x")
+    db.conn.execute("CREATE TABLE t (x)")
+    db.close()
+    await trio.to_thread.run_sync(closing.wait, 5)
+    started = time.monotonic()
+    await storage.closed("store", "x")
+    assert time.monotonic() - started >= 0.2  # it waited for the close to end
+    await storage.closed("store", "y")  # nothing being closed: no wait
+    again = storage.open_actor("store", "x", existing=True)
+    again.conn.execute("INSERT INTO t VALUES (1)")
+    again.close()
+    await storage.closed("store", "x")
+    storage.close()

@@ -221,6 +221,13 @@ class Activation:
             raise RuntimeError(f"{self.address}: its database is closed")
         await gate.sync()
 
+    async def open(self) -> None:
+        """Open the actor's database unless it is open, once an earlier database of the actor
+        has finished closing (storage.py)."""
+        await self.host.storage.closed(self.class_name, self.name)
+        if self.db is None:
+            self.open_db()
+
     @property
     def where(self) -> str | None:
         """Where the actor's database lives (for logs), if it is open."""

@@ -283,7 +283,7 @@ class AlarmScheduler:
             if self._buggify("host.alarm-event-fails"):
                 raise OSError("buggify: the alarm event hit a storage error")
             if act.db is None:
-                act.open_db()
+                await act.open()
             state = act.alarm
             cleared = False
             assert act.db is not None

@@ -62,6 +62,14 @@ class StorageBackend(Protocol):
     def set_aside_host_db(self) -> str:
         """Move a damaged host database out of the way (closed); where it went."""
 
+    @property
+    def closing(self) -> int:
+        """How many databases are closing in the background (their files still open)."""
+
+    async def closed(self, class_name: str, name: str) -> None:
+        """Until a database of this actor that is being closed has closed (a backend may
+        close databases in the background)."""
+
     async def sync_all(self) -> None:
         """Make every database's committed writes durable (after a rebuild registered actors
         whose files nobody synced)."""

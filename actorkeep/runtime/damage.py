@@ -31,14 +31,19 @@ _NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _SQLITE_CANTOPEN = 14
 
 
-def out_of_descriptors(exc: BaseException) -> bool:
+def out_of_descriptors(exc: BaseException, closing: bool = False) -> bool:
     """Whether ``exc`` came from the process (or system) running out of file descriptors.
-    SQLite reports that only as "unable to open database file": then try to open one."""
+    SQLite reports that only as "unable to open database file": then try to open one. With
+    ``closing`` (databases are closing in the background, their descriptors not yet given
+    back) that answer counts as running out whatever the probe finds: it may have been, a
+    moment ago."""
     if isinstance(exc, OSError):
         return exc.errno in _NO_DESCRIPTORS
     if isinstance(exc, sqlite3.OperationalError):
         code = getattr(exc, "sqlite_errorcode", None)
         if code is not None and code & 0xFF == _SQLITE_CANTOPEN:
+            if closing:
+                return True
             try:
                 os.close(os.open(os.devnull, os.O_RDONLY))
             except OSError as probe:

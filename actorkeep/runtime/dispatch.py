@@ -319,7 +319,7 @@ class Dispatcher:
         inst = act.instance
         if inst is None:
             if act.db is None:
-                act.open_db()
+                await act.open()
             inst = act.new_instance()
             await inst.setup()
         return inst
@@ -328,7 +328,7 @@ class Dispatcher:
         try:
             inst = await self.open_instance(act)
         except Exception as exc:
-            if out_of_descriptors(exc):
+            if out_of_descriptors(exc, closing=self.host.storage.closing > 0):
                 # Nothing of the event ran: the caller may try again, as for any overload.
                 self.failures.out_of_descriptors(act.address)
                 with contextlib.suppress(Exception):

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import trio
+
 from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
 from ..errors import StorageDamaged
 from .backend import Database, StorageBackend
@@ -97,7 +99,12 @@ class FileDatabase:
     """
 
     def __init__(
-        self, path: Path, new_dirs: list[Path], syncer: Syncer | None, host_db: bool = False
+        self,
+        path: Path,
+        new_dirs: list[Path],
+        syncer: Syncer | None,
+        host_db: bool = False,
+        closes: dict[Path, trio.Event] | None = None,
     ) -> None:
         self.path = path
         self.where = str(path)
@@ -108,6 +115,7 @@ class FileDatabase:
         self._first_sync: list[Path] | None = [path.parent, *new_dirs]
         self._syncer = syncer
         self._host_db = host_db
+        self._closes: dict[Path, trio.Event] = {} if closes is None else closes
         self.conn = sqlite3.connect(
             path, isolation_level=None, cached_statements=128, check_same_thread=False
         )
@@ -260,8 +268,19 @@ class FileDatabase:
     def close(self) -> None:
         if self._syncer is None:
             self._close()
-        else:
-            self._syncer.submit(self._close, f"close {self.where}")
+            return
+        # SQLite checkpoints when the last connection closes, holding the file exclusively:
+        # the actor's next database waits for that (FileStorage.closed), or it would find the
+        # file locked.
+        closes, path, event = self._closes, self.path, trio.Event()
+        closes[path] = event
+
+        def closed() -> None:
+            event.set()
+            if closes.get(path) is event:
+                del closes[path]
+
+        self._syncer.submit(self._close, f"close {self.where}", closed)
 
     def _close(self) -> None:
         # The last connection to close checkpoints the log into the database: with NORMAL,
@@ -305,6 +324,7 @@ class FileStorage:
         self._host_db = self.root / "host" / "host.sqlite"
         #: The sync threads; None (``in_thread=False``): syncs run where they are awaited.
         self.syncer: Syncer | None = Syncer() if in_thread else None
+        self._closes: dict[Path, trio.Event] = {}  # databases whose close runs in a sync thread
         self._lock_fd: int | None = None
 
     def open_actor(self, class_name: str, name: str, existing: bool = False) -> FileDatabase:
@@ -396,6 +416,16 @@ class FileStorage:
         _fsync_path(self._host_db.parent)
         return target
 
+    @property
+    def closing(self) -> int:
+        return len(self._closes)
+
+    async def closed(self, class_name: str, name: str) -> None:
+        if self._closes:
+            event = self._closes.get(actor_path(self._actors, class_name, name))
+            if event is not None:
+                await event.wait()
+
     async def sync_all(self) -> None:
         # syncfs(2) of the data directory's file system would do; os.sync is what Python has.
         if self.syncer is None:
@@ -424,7 +454,7 @@ class FileStorage:
             d = d.parent
         if new_dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
-        return FileDatabase(path, new_dirs, self.syncer, host_db)
+        return FileDatabase(path, new_dirs, self.syncer, host_db, self._closes)
 
     def close(self) -> None:
         if self.syncer is not None:

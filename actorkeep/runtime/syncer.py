@@ -27,7 +27,9 @@ SYNC_THREADS = 4
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], Any], Task | None, str]
+#: ``(fn, then, what)``: ``then`` is the task waiting for ``fn``'s outcome, or a function to
+#: call on the trio thread once ``fn`` has run, or None.
+_Job = tuple[Callable[[], Any], Task | Callable[[], None] | None, str]
 
 
 def _cannot_abort(_: Any) -> Abort:
@@ -61,29 +63,39 @@ class Syncer:
         self._jobs.put((fn, current_task(), what))
         return await wait_task_rescheduled(_cannot_abort)  # type: ignore[no-any-return]
 
-    def submit(self, fn: Callable[[], object], what: str) -> None:
-        """``fn()`` in a sync thread, with nobody waiting (a failure is logged). Outside a
-        trio run (a command-line tool closing a database), ``fn()`` runs here and now."""
+    def submit(
+        self, fn: Callable[[], object], what: str, done: Callable[[], None] | None = None
+    ) -> None:
+        """``fn()`` in a sync thread, with nobody waiting (a failure is logged); then
+        ``done()`` on the trio thread. Outside a trio run (a command-line tool closing a
+        database), both run here and now."""
         try:
             self._ensure()
         except RuntimeError:
-            fn()
+            try:
+                fn()
+            finally:
+                if done is not None:
+                    done()
             return
-        self._jobs.put((fn, None, what))
+        self._jobs.put((fn, done, what))
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            fn, task, what = job
+            fn, then, what = job
             result = outcome.capture(fn)
-            if task is None:
-                if isinstance(result, outcome.Error):
-                    log.error("storage job failed", job=what, error=repr(result.error))
-                continue
             token = self._token
             assert token is not None
+            if not isinstance(then, Task):
+                if isinstance(result, outcome.Error):
+                    log.error("storage job failed", job=what, error=repr(result.error))
+                if then is not None:
+                    with contextlib.suppress(trio.RunFinishedError):
+                        token.run_sync_soon(then)
+                continue
             # RunFinishedError: the run ended while the job ran, so nobody waits for it.
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(reschedule, task, result)
+                token.run_sync_soon(reschedule, then, result)
 
     def close(self) -> None:
         """Run every job given so far, then stop the threads (blocks until they end)."""
