@@ -237,7 +237,9 @@ class Dispatcher:
         """The first step of a checkpoint, while the actor goes on; then the last, as an event
         of the actor's own (it takes no other meanwhile)."""
         db = act.db
-        assert db is not None
+        if db is None:  # closed before this task started
+            act.checkpointing = False
+            return
         try:
             await db.prepare_checkpoint()
         except Exception as exc:  # the log keeps growing; the next look tries again
@@ -256,8 +258,7 @@ class Dispatcher:
             if db is not None:
                 await db.checkpoint()
         except Exception as exc:  # the log keeps growing; the next look tries again
-            assert db is not None
-            log.warning("checkpoint failed", address=act.address, file=db.where, error=repr(exc))
+            log.warning("checkpoint failed", address=act.address, file=act.where, error=repr(exc))
         finally:
             act.checkpointing = False
 
