@@ -159,14 +159,10 @@ class FileDatabase:
             _fsync_path(self.path, data_only=True)
             for d in first:
                 _fsync_path(d)
-        if self._host_db and self._wal_bytes() > WAL_CHECKPOINT_BYTES:
+        # Only once the host database's connection is NORMAL: a complete copy lets that
+        # connection start the log afresh, and only NORMAL syncs the new header.
+        if self._host_db and self._normal and self._log_bytes() > WAL_CHECKPOINT_BYTES:
             self._checkpoint_host_db()
-
-    def _wal_bytes(self) -> int:
-        try:
-            return os.stat(self._wal).st_size
-        except FileNotFoundError:
-            return 0
 
     def checkpoint_due(self) -> bool:
         self.look_at = self.conn.total_changes + CHECKPOINT_LOOK_EVERY
