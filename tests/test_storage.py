@@ -287,3 +287,26 @@ async def test_an_actor_reopened_while_its_last_database_closes_waits_for_the_cl
     again.close()
     await storage.closed("store", "x")
     storage.close()
+
+
+async def test_the_host_database_log_is_copied_in_the_background_and_starts_afresh(
+    data_dir: Path,
+) -> None:
+    """Past WAL_CHECKPOINT_BYTES of log a sync copies the host database's log (a second
+    connection, PASSIVE); its own connection then starts the log afresh on its next write."""
+    from actorkeep.runtime import storage as storage_module
+
+    storage = FileStorage(data_dir, in_thread=True)
+    db = storage.open_host_db()
+    db.conn.execute("CREATE TABLE big (x BLOB)")
+    await db.sync()  # the first sync: the connection syncs log headers from now on
+    chunk = b"x" * (1 << 20)
+    for _ in range(storage_module.WAL_CHECKPOINT_BYTES // len(chunk) + 2):
+        db.conn.execute("INSERT INTO big VALUES (?)", (chunk,))
+    assert db._log_bytes() > storage_module.WAL_CHECKPOINT_BYTES
+    await db.sync()  # copies the log in the background
+    db.conn.execute("INSERT INTO big VALUES (x'00')")  # starts the log afresh
+    assert db._log_bytes() < 1 << 20
+    assert db.conn.execute("SELECT count(*) FROM big").fetchone()[0] > 16
+    db.close()
+    storage.close()
