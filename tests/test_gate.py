@@ -4,6 +4,7 @@ every write before it; a failed sync refuses what it covered and reopens the act
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -68,6 +69,10 @@ class Ledger(ak.Actor):
     async def arm(self, delay: float) -> None:
         await self.set_alarm(self.now() + delay, wait=False)
         ran.append(-1)
+
+    @ak.rpc
+    async def arm_and_wait(self, delay: float) -> None:
+        await self.set_alarm(self.now() + delay)
 
     async def alarm(self, info: ak.AlarmInfo) -> None:
         fired.append(self.address)
@@ -353,3 +358,82 @@ def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
     # machine).
     assert result["checkpoints"] >= 1
     assert result["largest_wal"] < 4 * storage.WAL_CHECKPOINT_BYTES
+
+
+async def test_a_reopened_database_answers_only_once_what_it_holds_is_durable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A gated write committed, its sync cut by a crash: the restarted host must not reveal it
+    before a sync has made it durable."""
+    from sim.storage import SimStorage, _connect
+
+    delay = [0.0]
+    disk = SimStorage(fsync_delay=lambda: delay[0])
+    first = disk.view()
+
+    async def add() -> None:
+        with contextlib.suppress(Exception):  # its host crashes with the reply held
+            await call(host, "ledger/a", "add", x=1)
+
+    async with trio.open_nursery() as outside, open_host(app, storage=first) as host:
+        await call(host, "ledger/a", "rows")
+        await trio.sleep(5)  # registered
+        delay[0] = 1e6  # the next sync never ends
+        outside.start_soon(add)
+        await until(lambda: ran == [1])
+        disk.crash(first)
+    delay[0] = 5.0
+    async with open_host(app, storage=disk.view()) as host:
+        assert await call(host, "ledger/a", "rows") == [1]
+        image = disk.files["actors/ledger/a"].durable
+        assert image is not None
+        assert _connect(image).execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+async def test_an_inline_event_on_a_failed_gate_is_refused_at_once(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The state a failed sync leaves while the actor's reset waits: an inline event gets its
+    refusal, rather than waiting for a reply the gate already gave away."""
+    async with open_host(app, data_dir) as host:
+        await call(host, "ledger/a", "add", x=1)
+        act = host.host.activations.get("ledger/a")
+        assert act is not None and act.parked and act.gate is not None
+        act.gate.failed, act.gate.closed = OSError("injected"), True
+        act.reset_pending = True
+        with trio.fail_after(5):
+            resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 2})
+        assert resp.status == 500 and b"SyncFailed" in resp.body
+
+
+async def test_a_closed_database_gated_alarm_does_not_move_the_next_one_later(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An activation sets a far alarm with wait=False and leaves memory before its sync ends;
+    the next activation sets a nearer one. The first one's late sync must not move the index
+    entry past the alarm now stored."""
+    from sim.storage import SimStorage
+
+    delay = [0.0]
+    disk = SimStorage(fsync_delay=lambda: delay[0])
+    async with open_host(app, storage=disk.view()) as host:
+        await call(host, "ledger/a", "arm_and_wait", delay=100_000)  # far: never due here
+        delay[0] = 50.0  # every fsync now takes 50 s
+        async with trio.open_nursery() as nursery:
+            # Later than the alarm it replaces: its index entry moves up only once durable.
+            nursery.start_soon(partial(call, host, "ledger/a", "arm", delay=101_000))
+            await until(lambda: ran == [-1], seconds=120)  # set; its row's sync runs
+            act = host.host.activations.get("ledger/a")
+            assert act is not None and act.gate is not None
+            gate = act.gate
+            assert act.parked and gate.busy  # idle, its row's sync still running: evicted
+
+            host.host.activations.evict(act)
+            delay[0] = 0.0
+            second = host.host.clock.now() + 500
+            await call(host, "ledger/a", "arm_and_wait", delay=500)
+        await trio.sleep(60)  # the first activation's sync has ended
+        entry = host.host.alarm_index.get("ledger/a")
+        assert entry is not None and entry <= second + 1, (entry, second)
+        await trio.sleep(second + 10 - host.host.clock.now())
+        assert fired == ["ledger/a"]

@@ -324,8 +324,17 @@ def test_a_quarantine_in_a_simulation_is_reported_as_false_damage() -> None:
     ("scenario", "within", "invariants"),
     [
         ("kv", 60, {"no-stale-read", "linearizable"}),
-        ("queues", 60, {"no-lost-message", "no-phantom"}),
-        ("alarms", 120, {"alarm-at-least-once", "alarm-liveness", "alarm-replaced-never-fires"}),
+        ("queues", 60, {"no-lost-message", "no-phantom", "attempts-increase"}),
+        (
+            "alarms",
+            300,
+            {
+                "alarm-at-least-once",
+                "alarm-liveness",
+                "alarm-replaced-never-fires",
+                "alarm-timely",
+            },
+        ),
     ],
 )
 def test_an_output_gate_that_releases_early_is_caught_by_every_checker(

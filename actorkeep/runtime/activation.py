@@ -188,6 +188,7 @@ class Activation:
         is not what the host knows of it (see registry.py)."""
         host = self.host
         registered = host.registry.has(self.address)
+        existed = registered or host.storage.exists(self.class_name, self.name)
         db = host.storage.open_actor(self.class_name, self.name, existing=registered)
         try:
             conn = db.conn
@@ -207,6 +208,10 @@ class Activation:
             raise
         self.db = db
         self.gate = gate = host.new_gate(self, db)
+        if existed:
+            # What the file holds may not be durable (written before a crash, refused by a
+            # failed sync, closed without a sync): nothing leaves before a sync covers it.
+            gate.write()
         self.sql = Sql(db.conn, gate)
         if state is not None:
             host.alarms.opened(self, state)

@@ -199,12 +199,12 @@ class AlarmScheduler:
         assert gate is not None
         gate.write()
         if first < at:
-            gate.after(lambda: self._settle(act, state))
+            gate.after(lambda: self._settle(act, gate, state))
 
-    def _settle(self, act: Activation, state: AlarmState) -> None:
+    def _settle(self, act: Activation, gate: object, state: AlarmState) -> None:
         """A gated alarm row is durable: its index entry may move up to it, if it is still
-        the actor's alarm."""
-        if act.alarm is state:
+        the alarm of the actor in memory (not of an activation evicted or closed since)."""
+        if act.gate is gate and not act.closed and act.alarm is state:
             self.index.put(act.address, state.at)
 
     def _rearm_at_once(self, act: Activation, at: float) -> bool:

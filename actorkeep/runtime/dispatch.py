@@ -144,6 +144,8 @@ class Dispatcher:
         if damaged:
             raise Quarantined(quarantine_message(act.address))
         if gate is not None and gate.closed:
+            if gate.failed is not None:  # refused here: no waiter is registered yet
+                return self._refusal(act, ev, gate.error())
             gate.hold(ev, outcome.Value(resp))  # the output gate: wait for the writes
             return await self.timeouts.wait_reply(ev, timeout)
         return resp
@@ -179,6 +181,8 @@ class Dispatcher:
                 if not inbox:
                     if act.closed:
                         return  # evicted while its last event ran
+                    if act.reset_pending:
+                        act.close_db()  # a sync failed: the next event opens the file afresh
                     act.parked = True
                     if await park() is STOP:
                         return
@@ -218,6 +222,7 @@ class Dispatcher:
             act.close_db()  # a sync failed: the next event opens the database afresh
         elif (
             db is not None
+            and not act.closed  # evicted: its database closes (under the simulator, maybe now)
             and db.conn.total_changes >= db.look_at
             and not act.checkpointing
             and db.checkpoint_due()
@@ -267,11 +272,7 @@ class Dispatcher:
         """The output gate of ``act``'s newly opened database."""
 
         def refuse(ev: Event, exc: BaseException) -> None:
-            assert isinstance(exc, Exception)
-            resp = self.failures.error_reply(
-                exc, "a durable write failed: its reply is refused", act.address, ev.from_outside
-            )
-            self.timeouts.reply(ev, outcome.Value(resp))
+            self.timeouts.reply(ev, outcome.Value(self._refusal(act, ev, exc)))
 
         def failed(exc: BaseException) -> None:
             log.error(
@@ -289,6 +290,13 @@ class Dispatcher:
 
         gate = self.gate_class(db, self._start_now, self.timeouts.reply, refuse, failed)
         return gate
+
+    def _refusal(self, act: Activation, ev: Event, exc: BaseException) -> Response:
+        """The reply to an event whose writes a failed sync may have lost (500)."""
+        assert isinstance(exc, Exception)
+        return self.failures.error_reply(
+            exc, "a durable write failed: its reply is refused", act.address, ev.from_outside
+        )
 
     async def drain_gates(self) -> None:
         """Until no gate of an actor in memory has a sync running or waiting (a clean close:
