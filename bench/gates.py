@@ -53,14 +53,13 @@ import trio
 
 import actorkeep as ak
 import shards
-from actorkeep import codec
 from actorkeep.runtime import storage
 from actorkeep.runtime.syncer import Syncer
+from bench.driver import call
 from queues import Queue
 
 PRODUCERS = 32
 BODY = bytes(range(100))
-DRIVER = "bench/driver"
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 TARGETS = {"per_fsync": 1.5, "shard": 0.7, "single": 0.7, "push": 3.0, "tail": 3.0}
 
@@ -123,22 +122,6 @@ class Consumer(ak.Actor):
         acked[0] += 1
         if acked[0] >= expected[0]:
             all_acked.set()
-
-
-async def call(host: ak.Host, address: str, method: str, **args: Any) -> Any:
-    resp = await host.call(
-        DRIVER,
-        (DRIVER,),
-        address,
-        "POST",
-        f"/_rpc/{method}",
-        codec.pack(args),
-        {"content-type": codec.MSGPACK},
-        None,
-    )
-    if resp.status != 200:
-        raise RuntimeError(f"{address} {method} failed: {resp.status} {resp.body[:300]!r}")
-    return codec.decode_result(resp.body, "msgpack")
 
 
 class FsyncCounter:

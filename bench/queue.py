@@ -43,12 +43,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import trio
 
 import actorkeep as ak
-from actorkeep import codec
+from bench.driver import call
 from queues import Queue
 from queues.queue import SCHEMA
 
@@ -57,7 +56,6 @@ TARGET_PUSH = 3.0
 PRODUCERS = 32
 QUEUES = 8
 BATCH = 1000
-DRIVER = "bench/driver"
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 BODY = bytes(range(100))
 
@@ -106,22 +104,6 @@ class Consumer(ak.Actor):
         acked[0] += 1
         if acked[0] >= expected[0]:
             all_acked.set()
-
-
-async def call(host: ak.Host, address: str, method: str, **args: Any) -> Any:
-    resp = await host.call(
-        DRIVER,
-        (DRIVER,),
-        address,
-        "POST",
-        f"/_rpc/{method}",
-        codec.pack(args),
-        {"content-type": codec.MSGPACK},
-        None,
-    )
-    if resp.status != 200:
-        raise RuntimeError(f"{address} {method} failed: {resp.status} {resp.body[:300]!r}")
-    return codec.decode_result(resp.body, "msgpack")
 
 
 # -- 1. send_batch vs raw sqlite3 ------------------------------------------------------------
