@@ -113,6 +113,10 @@ class FileDatabase:
         # without a sync), its directory (the WAL is created there) and the parent of every
         # directory created for it.
         self._first_sync: list[Path] | None = [path.parent, *new_dirs]
+        # Only a file this open creates: closing a descriptor of the database file drops every
+        # POSIX lock the process holds on it (SQLite's too), so the file of an existing actor
+        # is never opened outside SQLite (another process could then checkpoint under us).
+        self._new_file = not path.exists()
         self._syncer = syncer
         self._host_db = host_db
         self._closes: dict[Path, trio.Event] = {} if closes is None else closes
@@ -156,7 +160,8 @@ class FileDatabase:
             _fsync_path(self.path, data_only=True)
         first, self._first_sync = self._first_sync, None
         if first is not None:
-            _fsync_path(self.path, data_only=True)
+            if self._new_file:
+                _fsync_path(self.path, data_only=True)
             for d in first:
                 _fsync_path(d)
         # Only once the host database's connection is NORMAL: a complete copy lets that
