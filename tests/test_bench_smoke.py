@@ -38,7 +38,10 @@ def test_bench_quick_run(name: str) -> None:
 def test_gates_quick_run() -> None:
     """bench/gates.py --quick: every side runs and each target line is printed."""
     out = run_quick("gates", timeout=120)
-    for what in ("sends per fsync", "one shard", "one caller", "push fed by", "p99.9/p50"):
+    for what in (
+        "sends per fsync", "one shard", "one caller", "ceiling here", "push fed by",
+        "p99.9/p50", "floors here",
+    ):  # fmt: skip
         assert what in out, out
 
 
