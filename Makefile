@@ -14,7 +14,7 @@ $(VENV)/.run-deps: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,lint,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,lint,bench,cluster]'
 	touch $@ $(VENV)/.run-deps
 
 run: $(VENV)/.run-deps

@@ -19,6 +19,7 @@ import trio
 
 from .address import check_class_name
 from .errors import RemoteError
+from .hashing import fnv1a64
 from .runtime.activation import current_actor
 from .wire import MSGPACK_HEADERS, Op
 from .wire import kv as wire
@@ -35,9 +36,6 @@ __all__ = [
     "shard_for",
 ]
 
-_FNV_OFFSET: Final = 0xCBF29CE484222325
-_FNV_PRIME: Final = 0x100000001B3
-_MASK: Final = (1 << 64) - 1
 _CACHE_ATTR: Final = "_actorkeep_kv_cache"
 _CACHE_MAX_ENTRIES: Final = 10_000
 
@@ -98,11 +96,7 @@ class Conflict(RemoteError):
 
 def shard_for(key: bytes | str, n: int) -> int:
     """The shard of ``key``: FNV-1a 64-bit of the key bytes, mod ``n``."""
-    data = key.encode() if isinstance(key, str) else key
-    h = _FNV_OFFSET
-    for byte in data:
-        h = ((h ^ byte) * _FNV_PRIME) & _MASK
-    return h % n
+    return fnv1a64(key.encode() if isinstance(key, str) else key) % n
 
 
 def _wire_expect(expect: object) -> int | None:

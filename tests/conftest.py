@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .pg import Server, running_server
 
 
 @pytest.fixture
@@ -17,3 +23,28 @@ def data_dir(tmp_path: Path) -> Path:
 def sqlite_files(root: Path) -> list[Path]:
     """Every actor database under a data directory."""
     return sorted((root / "actors").rglob("*.sqlite")) if (root / "actors").exists() else []
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Server]:
+    """A real PostgreSQL server for the session, under its own temporary directory (tests/pg.py)."""
+    root = Path(tempfile.mkdtemp(prefix="actorkeep-pg-"))
+    try:
+        with running_server(root) as server:
+            yield server
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_conninfo(postgres: Server) -> Iterator[str]:
+    """A fresh database on the session's server for one test; its conninfo."""
+    import psycopg  # the cluster's extra (pyproject.toml), only for the tests that use it
+    from psycopg import sql
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield postgres.conninfo.replace("dbname=postgres", f"dbname={name}")
+    with psycopg.connect(postgres.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -126,6 +126,10 @@ FORBIDDEN = [
     ("actorkeep.runtime", "actorkeep.queue"),
     ("actorkeep.runtime", "actorkeep.testing"),
     ("actorkeep.runtime", "actorkeep.cli"),
+    # the cluster stands on the runtime's seams (decision 0016), never the reverse; its store
+    # knows no HTTP edge
+    ("actorkeep.runtime", "actorkeep.cluster"),
+    ("actorkeep.cluster", "actorkeep.front"),
     # the protocols are plain data: no runtime, no HTTP edge
     ("actorkeep.wire", "actorkeep.runtime"),
     ("actorkeep.wire", "actorkeep.front"),

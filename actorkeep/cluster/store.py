@@ -1,0 +1,230 @@
+"""What the cluster keeps in PostgreSQL, and the only statements that change it (decision 0016).
+
+- ``actorkeep_cluster``: the partition count, fixed when the cluster is created.
+- ``actorkeep_leases``: a row per partition: its owner, its epoch (grows at every takeover) and
+  when the lease expires, by PostgreSQL's clock.
+- ``actorkeep_frames``: the actors' durable writes, each tagged with the epoch it was written
+  under.
+
+A write commits only if every partition it touches still has the epoch the writer holds, checked
+in the same transaction under a share lock on the lease rows: a takeover (which updates the row)
+waits for such a commit to end, and once it has bumped the epoch the old owner can never commit
+again (fencing). The store is synchronous (psycopg 3's async API is asyncio-only): the host calls
+it from its sync threads, as it does fsyncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from .partitions import check_partitions
+
+#: Serialises concurrent ``create`` calls (any constant the cluster owns).
+_CREATE_LOCK = 0x616B_636C
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS actorkeep_cluster (
+        id integer PRIMARY KEY CHECK (id = 0),
+        partitions integer NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_leases (
+        partition integer PRIMARY KEY,
+        owner text,
+        epoch bigint NOT NULL DEFAULT 0,
+        expires_at timestamptz)""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_frames (
+        address text NOT NULL,
+        seq bigint NOT NULL,
+        partition integer NOT NULL,
+        epoch bigint NOT NULL,
+        data bytea NOT NULL,
+        PRIMARY KEY (address, seq))""",
+)
+
+
+#: A commit's check of its partitions' epochs. The share lock lasts to the commit's end, so a
+#: takeover (an update of the row) waits for it: the new owner sees every frame it committed.
+CHECK_EPOCHS = (
+    "SELECT partition, epoch FROM actorkeep_leases WHERE partition = ANY(%s) "
+    "ORDER BY partition FOR SHARE"
+)
+
+
+class Fenced(Exception):
+    """A partition's epoch has moved on: another host owns it now. Nothing was written."""
+
+    def __init__(self, partitions: Sequence[int]) -> None:
+        super().__init__(f"fenced: partitions {sorted(partitions)} have a newer owner")
+        self.partitions = sorted(partitions)
+
+
+class ClusterMismatch(Exception):
+    """The database holds a cluster created with another partition count."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A partition this host owns at ``epoch``. ``until`` is on the host's own monotonic clock:
+    the host serves the partition only before it (the lease's time less the margin, counted from
+    before the request was sent, so it ends before PostgreSQL's expiry does)."""
+
+    partition: int
+    epoch: int
+    until: float
+
+
+@dataclass(frozen=True)
+class Write:
+    """One durable write of an actor: frame ``seq`` of ``address``, under ``epoch``."""
+
+    partition: int
+    epoch: int
+    address: str
+    seq: int
+    data: bytes
+
+
+def create(conninfo: str, partitions: int) -> None:
+    """Create the cluster's tables and one lease row per partition, if not there already;
+    ``ClusterMismatch`` if the cluster exists with another partition count."""
+    check_partitions(partitions)
+    with psycopg.connect(conninfo) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO actorkeep_cluster (id, partitions) VALUES (0, %s) ON CONFLICT DO NOTHING",
+            (partitions,),
+        )
+        row = conn.execute("SELECT partitions FROM actorkeep_cluster").fetchone()
+        assert row is not None
+        if row[0] != partitions:
+            raise ClusterMismatch(f"the cluster has {row[0]} partitions, not {partitions}")
+        conn.execute(
+            "INSERT INTO actorkeep_leases (partition) SELECT generate_series(0, %s - 1) "
+            "ON CONFLICT DO NOTHING",
+            (partitions,),
+        )
+
+
+class ClusterStore:
+    """One host's connection to the cluster's database.
+
+    ``host_id`` names this host incarnation (unique: a restarted host is a new owner).
+    ``clock`` is the host's monotonic clock, in seconds.
+    """
+
+    def __init__(self, conninfo: str, host_id: str, *, clock: Callable[[], float]) -> None:
+        if not host_id or len(host_id) > 200:
+            raise ValueError("host_id must be 1 to 200 characters")
+        self.host_id = host_id
+        self._clock = clock
+        self._conn = psycopg.connect(conninfo, autocommit=True)
+        try:
+            row = self._conn.execute("SELECT partitions FROM actorkeep_cluster").fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        if row is None:
+            self._conn.close()
+            raise ClusterMismatch("no cluster in this database (create it first)")
+        self.partitions: int = row[0]
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def acquire(self, partition: int, ttl: float, margin: float) -> Lease | None:
+        """Take ``partition`` if nobody holds it or its lease has expired by PostgreSQL's
+        clock, bumping its epoch; the lease, or None if another host holds it."""
+        _check_lease_times(ttl, margin)
+        sent = self._clock()
+        row = self._conn.execute(
+            "UPDATE actorkeep_leases SET owner = %s, epoch = epoch + 1, "
+            "expires_at = clock_timestamp() + make_interval(secs => %s) "
+            "WHERE partition = %s AND (owner IS NULL OR expires_at <= clock_timestamp()) "
+            "RETURNING epoch",
+            (self.host_id, ttl, partition),
+        ).fetchone()
+        return None if row is None else Lease(partition, row[0], sent + ttl - margin)
+
+    def renew(self, leases: Sequence[Lease], ttl: float, margin: float) -> list[Lease]:
+        """Extend the leases this host still holds (same epoch, not yet expired); the renewed
+        ones. A lease missing from the answer is lost: stop serving it."""
+        _check_lease_times(ttl, margin)
+        if not leases:
+            return []
+        sent = self._clock()
+        rows = self._conn.execute(
+            "UPDATE actorkeep_leases AS l "
+            "SET expires_at = clock_timestamp() + make_interval(secs => %s) "
+            "FROM unnest(%s::integer[], %s::bigint[]) AS held(partition, epoch) "
+            "WHERE l.partition = held.partition AND l.epoch = held.epoch AND l.owner = %s "
+            "AND l.expires_at > clock_timestamp() RETURNING l.partition, l.epoch",
+            (ttl, [x.partition for x in leases], [x.epoch for x in leases], self.host_id),
+        ).fetchall()
+        return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=_partition)
+
+    def release(self, leases: Sequence[Lease]) -> None:
+        """Give leases up now (a planned shutdown): another host may take them at once. The
+        epoch stays; the taker bumps it."""
+        if leases:
+            self._conn.execute(
+                "UPDATE actorkeep_leases AS l SET owner = NULL, expires_at = NULL "
+                "FROM unnest(%s::integer[], %s::bigint[]) AS held(partition, epoch) "
+                "WHERE l.partition = held.partition AND l.epoch = held.epoch AND l.owner = %s",
+                ([x.partition for x in leases], [x.epoch for x in leases], self.host_id),
+            )
+
+    def commit(self, writes: Sequence[Write]) -> None:
+        """Commit ``writes`` (any actors, any partitions) in one transaction, or none of them:
+        ``Fenced`` if a partition's epoch is no longer the one a write carries."""
+        if not writes:
+            return
+        epochs: dict[int, int] = {}
+        for w in writes:
+            if epochs.setdefault(w.partition, w.epoch) != w.epoch:
+                raise ValueError(f"writes to partition {w.partition} under two epochs")
+        parts = sorted(epochs)
+        with self._conn.transaction():
+            rows = self._conn.execute(CHECK_EPOCHS, (parts,)).fetchall()
+            current: dict[int, int] = {p: e for p, e in rows}
+            fenced = [p for p in parts if current.get(p) != epochs[p]]
+            if fenced:
+                raise Fenced(fenced)
+            with (
+                self._conn.cursor() as cur,
+                cur.copy(
+                    "COPY actorkeep_frames (address, seq, partition, epoch, data) FROM STDIN"
+                ) as copy,
+            ):
+                for w in writes:
+                    copy.write_row((w.address, w.seq, w.partition, w.epoch, w.data))
+
+    def frames(self, address: str, after: int = 0) -> list[tuple[int, bytes]]:
+        """``(seq, data)`` of the actor's durable writes after ``after``, in order."""
+        rows = self._conn.execute(
+            "SELECT seq, data FROM actorkeep_frames WHERE address = %s AND seq > %s ORDER BY seq",
+            (address, after),
+        ).fetchall()
+        return [(seq, bytes(data)) for seq, data in rows]
+
+    def lease_of(self, partition: int) -> tuple[str | None, int]:
+        """``(owner, epoch)`` of a partition as PostgreSQL has it (an owner whose lease has
+        expired is still named)."""
+        row = self._conn.execute(
+            "SELECT owner, epoch FROM actorkeep_leases WHERE partition = %s", (partition,)
+        ).fetchone()
+        if row is None:
+            raise ValueError(f"no partition {partition} (the cluster has {self.partitions})")
+        return row[0], row[1]
+
+
+def _partition(lease: Lease) -> int:
+    return lease.partition
+
+
+def _check_lease_times(ttl: float, margin: float) -> None:
+    if not 0 < margin < ttl <= 3600:
+        raise ValueError(f"need 0 < margin < ttl <= 3600 seconds, not ttl={ttl}, margin={margin}")
