@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
@@ -309,4 +311,41 @@ async def test_the_host_database_log_is_copied_in_the_background_and_starts_afre
     assert db._log_bytes() < 1 << 20
     assert db.conn.execute("SELECT count(*) FROM big").fetchone()[0] > 16
     db.close()
+    storage.close()
+
+
+def _locks_held(path: Path) -> int:
+    """How many POSIX locks this process holds on ``path`` (/proc/locks)."""
+    st = os.stat(path)
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pid = str(os.getpid())
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if line.split()[4:6] == [pid, device])
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+@pytest.mark.parametrize("in_thread", [True, False])
+async def test_the_host_never_drops_sqlite_s_locks(data_dir: Path, in_thread: bool) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it. The
+    storage reads -shm and fsyncs the database through descriptors it keeps open: SQLite's
+    locks on both stay, so another process opening the file (the sqlite3 shell, a backup)
+    cannot take it for unused and rebuild its index or delete its log under the host."""
+    storage = FileStorage(data_dir, in_thread=in_thread)
+    db = storage.open_actor("store", "locks")  # a new file: its first sync fsyncs the file too
+    db.conn.execute("CREATE TABLE t (x)")
+    db.conn.execute("INSERT INTO t VALUES (1)")
+    path = Path(db.where)
+    shm = Path(f"{path}-shm")
+    before = (_locks_held(path), _locks_held(shm))
+    assert before[0] > 0 and before[1] > 0  # SQLite's own: the database's and -shm's
+    db.checkpoint_due()  # reads the log's size off -shm
+    await db.sync()
+    db.conn.execute("DELETE FROM t")  # reads and writes go on as before
+    assert (_locks_held(path), _locks_held(shm)) == before
+    # Another process opens, reads and closes the file: it must not take the log with it.
+    code = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT * FROM t')"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30)
+    assert Path(f"{path}-wal").exists()
+    db.close()
+    await storage.closed("store", "locks")
     storage.close()

@@ -113,9 +113,6 @@ class FileDatabase:
         # without a sync), its directory (the WAL is created there) and the parent of every
         # directory created for it.
         self._first_sync: list[Path] | None = [path.parent, *new_dirs]
-        # Only a file this open creates: closing a descriptor of the database file drops every
-        # POSIX lock the process holds on it (SQLite's too), so the file of an existing actor
-        # is never opened outside SQLite (another process could then checkpoint under us).
         self._new_file = not path.exists()
         self._syncer = syncer
         self._host_db = host_db
@@ -128,9 +125,20 @@ class FileDatabase:
             # event loop (its first sync() makes the file durable).
             configure_connection(self.conn, "OFF")
             self.conn.execute("PRAGMA wal_autocheckpoint=0")
+            # Closing any descriptor of a file drops every POSIX lock the process holds on it,
+            # SQLite's too: then another process that opens the database thinks it is alone,
+            # rebuilds the -shm index under us or deletes the log we write to. So the files
+            # SQLite locks (the database and its -shm) are opened once here, or when -shm
+            # first exists, and closed only after the connection (_close).
+            self._fd: int | None = os.open(path, os.O_RDONLY)
         except BaseException:
             self.conn.close()
             raise
+        self._shm_fd: int | None = None
+        # Each descriptor's lock: held while it is used, so that _close never closes it in
+        # use. Two, so that the event loop's reads of -shm never wait for a file's fsync.
+        self._fd_lock = threading.Lock()
+        self._shm_lock = threading.Lock()
         self.look_at = CHECKPOINT_LOOK_EVERY
         self._normal = False  # the host database runs with NORMAL after its first sync
         self._pin: sqlite3.Connection | None = None  # a snapshot held between checkpoint steps
@@ -155,19 +163,25 @@ class FileDatabase:
 
     def _fsync(self) -> None:
         try:
-            _fsync_path(self._wal, data_only=True)
-        except FileNotFoundError:  # no log (closed and checkpointed): all is in the file
-            _fsync_path(self.path, data_only=True)
+            _fsync_path(self._wal, data_only=True)  # SQLite locks nothing in the log itself
+        except FileNotFoundError:  # no log: all is in the database file
+            self._sync_file()
         first, self._first_sync = self._first_sync, None
         if first is not None:
             if self._new_file:
-                _fsync_path(self.path, data_only=True)
+                self._sync_file()
             for d in first:
                 _fsync_path(d)
         # Only once the host database's connection is NORMAL: a complete copy lets that
         # connection start the log afresh, and only NORMAL syncs the new header.
         if self._host_db and self._normal and self._log_bytes() > WAL_CHECKPOINT_BYTES:
             self._checkpoint_host_db()
+
+    def _sync_file(self) -> None:
+        with self._fd_lock:
+            if self._fd is not None:
+                _datasync(self._fd)
+            # else closed: the close checkpointed under NORMAL, which synced the file
 
     def checkpoint_due(self) -> bool:
         self.look_at = self.conn.total_changes + CHECKPOINT_LOOK_EVERY
@@ -176,11 +190,15 @@ class FileDatabase:
     def _log_bytes(self) -> int:
         """The bytes of the log's frames since it last started afresh (the file itself keeps
         its size), read off the shared wal-index header SQLite keeps in ``-shm``."""
-        try:
-            with open(f"{self.path}-shm", "rb") as shm:
-                header = shm.read(24)
-        except FileNotFoundError:
-            return 0
+        with self._shm_lock:
+            if self._shm_fd is None:
+                if self._closed:
+                    return 0
+                try:
+                    self._shm_fd = os.open(f"{self.path}-shm", os.O_RDONLY)
+                except FileNotFoundError:
+                    return 0
+            header = os.pread(self._shm_fd, 24, 0)
         if len(header) < 24:
             return 0
         # In the machine's byte order: szPage (u16, 1 for 65536) at 14, mxFrame (u32) at 16.
@@ -293,6 +311,14 @@ class FileDatabase:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
             finally:
                 self.conn.close()
+                with self._fd_lock:
+                    if self._fd is not None:
+                        os.close(self._fd)
+                        self._fd = None
+                with self._shm_lock:
+                    if self._shm_fd is not None:
+                        os.close(self._shm_fd)
+                        self._shm_fd = None
 
 
 # fdatasync flushes the data and the metadata needed to read it back (the size of a growing
