@@ -78,8 +78,10 @@ def configure_logging(fmt: str) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
-#: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index.
-FILES_PER_ACTOR = 3
+#: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index as
+#: SQLite opens them, and the database and the index once more, as the host reads and syncs
+#: them (never closed before SQLite's, which would drop SQLite's locks: runtime/storage.py).
+FILES_PER_ACTOR = 5
 #: Descriptors kept for everything else: the host database and its lock, listeners, the
 #: interpreter's own, a WAL opened for an fsync, the files an app's code opens.
 FILES_RESERVED = 64

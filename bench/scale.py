@@ -15,11 +15,12 @@
    time to the host's "actorkeep serving" log line, and the same figures on a 1,000-actor and
    an empty directory (the interpreter and imports alone). Before each start the host database
    is dropped from the page cache (``posix_fadvise DONTNEED``; the actor files are not read at
-   startup). A host with the default options then touches ``--touch`` random actors (5,000; they
+   startup). A host with the default options then touches ``--touch`` random actors (3,000; they
    all stay in memory under the default ``--max-active`` 10,000); its RSS (``VmRSS``) and open
-   files are read after the start and along the touches. (Each actor in memory holds about
-   three descriptors: its database, ``-wal`` and ``-shm``. 10,000 would need ~30,000; the hard
-   limit of open files may be lower, as it is on the machine this was written on: 20,000.)
+   files are read after the start and along the touches. (Each actor in memory holds five
+   descriptors: SQLite's for its database, ``-wal`` and ``-shm``, and the host's own for the
+   database and ``-shm``. 10,000 would need ~50,000; the hard limit of open files may be lower,
+   as it is on the machine this was written on: 20,000, which holds the 3,000 touched.)
 3. **Per-op latency.** Two hosts at once, on the 100,000-actor and the 1,000-actor directory,
    both ``--max-active 256`` (64 with ``--quick``): rounds alternate between them, each one
    sequential ``POST /sleeper/<n>/_rpc/peek`` calls on one keep-alive connection to distinct
@@ -541,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actors", type=int, default=None, help="actors (100,000)")
     parser.add_argument("--small", type=int, default=None, help="comparison size (1,000)")
     parser.add_argument("--sample", type=int, default=None, help="created with fsyncs (1,000)")
-    parser.add_argument("--touch", type=int, default=None, help="actors touched (5,000)")
+    parser.add_argument("--touch", type=int, default=None, help="actors touched (3,000)")
     parser.add_argument("--restarts", type=int, default=None, help="starts per directory (3)")
     parser.add_argument("--rounds", type=int, default=None, help="latency rounds (6)")
     parser.add_argument("--calls", type=int, default=None, help="cold calls per round (200)")
@@ -552,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.actors or (2_000 if quick else 100_000)
     small = args.small or (500 if quick else 1_000)
     sample = args.sample if args.sample is not None else (100 if quick else 1_000)
-    touch = args.touch if args.touch is not None else (500 if quick else 5_000)
+    touch = args.touch if args.touch is not None else (500 if quick else 3_000)
     restarts = args.restarts or (1 if quick else 3)
     rounds = args.rounds or (2 if quick else 6)
     calls = args.calls or (50 if quick else 200)

@@ -12,17 +12,18 @@ from actorkeep import cli
 def test_actors_and_connections_are_lowered_to_what_the_open_file_limit_holds() -> None:
     assert cli.fit_open_files(1_000, 1024, 1 << 20) == (1_000, 1024)
     assert cli.fit_open_files(1_000, 1024, resource.RLIM_INFINITY) == (1_000, 1024)
-    # Three files an actor, one a socket, 64 kept for the rest: 3,000 + 1,024 + 64 fit.
-    assert cli.fit_open_files(1_000, 1024, 4_088) == (1_000, 1024)
+    # Five files an actor, one a socket, 64 kept for the rest: 5,000 + 1,024 + 64 fit.
+    assert cli.fit_open_files(1_000, 1024, 6_088) == (1_000, 1024)
+    assert cli.fit_open_files(1_000, 1024, 6_087) == (1_000 - 1, 1024)
     # Too few: sockets get a quarter of what is left, actors the rest.
     budget = 20_000 - 64
-    assert cli.fit_open_files(10_000, 1024, 20_000) == ((budget - 1024) // 3, 1024)
-    assert cli.fit_open_files(10_000, 1024, 2_048) == ((1984 - 496) // 3, 496)
-    assert cli.fit_open_files(10_000, 1024, 256) == ((192 - 48) // 3, 48)
-    assert cli.fit_open_files(10_000, 1024, 10) == (1, 1)
+    assert cli.fit_open_files(10_000, 1024, 20_000) == ((budget - 1024) // 5, 1024)
+    assert cli.fit_open_files(10_000, 1024, 2_048) == ((1984 - 496) // 5, 496)
+    assert cli.fit_open_files(10_000, 1024, 256) == ((192 - 48) // 5, 48)
+    assert cli.fit_open_files(10_000, 1024, 10) == (1, 2)
     for limit in (100, 256, 1024, 2048, 20_000):
         active, connections = cli.fit_open_files(10_000, 1024, limit)
-        assert active * 3 + connections + 64 <= max(limit, 70)
+        assert active * cli.FILES_PER_ACTOR + connections + 64 <= max(limit, 74)
 
 
 class Limits:
