@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +156,21 @@ async def test_durable_writes_reach_fdatasync(
     import actorkeep.runtime.storage as storage
 
     flushed: list[tuple[str, bool]] = []  # (file or directory name, data only)
-    real = storage._fsync_path
+    real_datasync, real_fsync = storage._datasync, os.fsync
 
-    def counting(path: Path, data_only: bool = False) -> None:
-        flushed.append((path.name, data_only))
-        real(path, data_only)
+    def name(fd: int) -> str:
+        return Path(os.readlink(f"/proc/self/fd/{fd}")).name
 
-    monkeypatch.setattr(storage, "_fsync_path", counting)
+    def datasync(fd: int) -> None:
+        flushed.append((name(fd), True))
+        real_datasync(fd)
+
+    def fsync(fd: int) -> None:
+        flushed.append((name(fd), False))
+        real_fsync(fd)
+
+    monkeypatch.setattr(storage, "_datasync", datasync)
+    monkeypatch.setattr(os, "fsync", fsync)
     kv = ak.kv.Client("kv", shards=1)
 
     class Writer(ak.Actor):

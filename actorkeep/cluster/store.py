@@ -3,6 +3,7 @@
 - ``actorkeep_cluster``: the partition count, fixed when the cluster is created.
 - ``actorkeep_leases``: a row per partition: its owner, its epoch (grows at every takeover) and
   when the lease expires, by PostgreSQL's clock.
+- ``actorkeep_hosts``: when each host incarnation last said it was alive, by PostgreSQL's clock.
 - ``actorkeep_frames``: the actors' durable writes, each tagged with the epoch it was written
   under.
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from ..hashing import fnv1a64
 from .partitions import check_partitions
 
 #: Serialises concurrent ``create`` calls (any constant the cluster owns).
@@ -35,6 +37,9 @@ _SCHEMA = (
         owner text,
         epoch bigint NOT NULL DEFAULT 0,
         expires_at timestamptz)""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_hosts (
+        host_id text PRIMARY KEY,
+        seen_at timestamptz NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS actorkeep_frames (
         address text NOT NULL,
         seq bigint NOT NULL,
@@ -165,6 +170,36 @@ class ClusterStore:
             (ttl, [x.partition for x in leases], [x.epoch for x in leases], self.host_id),
         ).fetchall()
         return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=_partition)
+
+    def heartbeat(self, ttl: float) -> int:
+        """Record that this host is alive; how many hosts are (seen within ``ttl``)."""
+        row = self._conn.execute(
+            "WITH seen AS (INSERT INTO actorkeep_hosts VALUES (%s, clock_timestamp()) "
+            "ON CONFLICT (host_id) DO UPDATE SET seen_at = excluded.seen_at) "
+            "SELECT count(*) + 1 FROM actorkeep_hosts WHERE host_id <> %s "
+            "AND seen_at > clock_timestamp() - make_interval(secs => %s)",
+            (self.host_id, self.host_id, ttl),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def leave(self) -> None:
+        """This host stops: no longer counted among the live ones."""
+        self._conn.execute("DELETE FROM actorkeep_hosts WHERE host_id = %s", (self.host_id,))
+
+    def free_partitions(self, limit: int) -> list[int]:
+        """Up to ``limit`` partitions nobody holds (or whose lease has expired), in an order of
+        this host's own, so that hosts looking at once mostly try different ones."""
+        if limit <= 0:
+            return []
+        offset = fnv1a64(self.host_id.encode()) % self.partitions
+        rows = self._conn.execute(
+            "SELECT partition FROM actorkeep_leases "
+            "WHERE owner IS NULL OR expires_at <= clock_timestamp() "
+            "ORDER BY (partition + %s) %% %s LIMIT %s",
+            (offset, self.partitions, limit),
+        ).fetchall()
+        return [int(p) for (p,) in rows]
 
     def release(self, leases: Sequence[Lease]) -> None:
         """Give leases up now (a planned shutdown): another host may take them at once. The

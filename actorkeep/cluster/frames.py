@@ -1,0 +1,127 @@
+"""An actor's durable writes as SQLite writes them: the frames of its write-ahead log
+(decision 0016). ``LogReader`` reads the frames the log has committed since its last read;
+``apply`` lays frames over an image of the database, which is how an actor is restored.
+
+A frame is one page as a transaction left it: ``(page number, page bytes)``, the last frame of a
+transaction also giving the database's size in pages. The log's committed end is ``mxFrame`` of
+the ``-shm`` index (what SQLite itself trusts), and a frame belongs to the log's current
+generation when it carries the header's salts. When SQLite starts the log afresh after a
+complete checkpoint, the salts change: everything of the old generation is in the database file
+by then, and the caller must have read it before the checkpoint (the host reads before every
+checkpoint).
+
+The formats are SQLite's documented ones: the log's (big-endian: a 32-byte header, then frames
+of a 24-byte header and a page) and the wal-index header at the start of ``-shm`` (two equal
+copies of 48 bytes, in the machine's byte order).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+WAL_HEADER_BYTES = 32
+FRAME_HEADER_BYTES = 24
+_WAL_MAGIC = (0x377F0682, 0x377F0683)
+_INDEX_HEADER_BYTES = 48  # one copy of the wal-index header; -shm holds two, one after the other
+
+
+class LogFormatError(Exception):
+    """The log or its index is not what SQLite writes (or changed while being read)."""
+
+
+@dataclass(frozen=True)
+class Frames:
+    """What a read found: the frames of the transactions committed since the last read, in log
+    order, each ``(page number, database size in pages after it or 0, page bytes)``: a
+    transaction's last frame gives the size. A page may come more than once: the last wins.
+    ``restarted``: the log began a new generation since the last read (whatever the last read
+    had not seen of the old one is only in the database file)."""
+
+    page_size: int
+    pages: list[tuple[int, int, bytes]]
+    restarted: bool
+
+    @property
+    def db_pages(self) -> int:
+        """The database's size in pages after the last transaction read (0: none read)."""
+        return self.pages[-1][1] if self.pages else 0
+
+
+class LogReader:
+    """Reads one database's log as it grows. Keeps descriptors of ``-wal`` and ``-shm`` open
+    until ``close()``: never close a descriptor of a file SQLite locks while its connection is
+    open (that drops the process's locks), and -shm is locked. Open it after the connection."""
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self._wal = os.open(f"{os.fspath(db_path)}-wal", os.O_RDONLY)
+        try:
+            self._shm = os.open(f"{os.fspath(db_path)}-shm", os.O_RDONLY)
+        except BaseException:
+            os.close(self._wal)
+            raise
+        self._salts: bytes | None = None  # the generation read so far
+        self._next = 0  # the next frame of that generation to read
+
+    def close(self) -> None:
+        os.close(self._wal)
+        os.close(self._shm)
+
+    def committed_frames(self) -> int:
+        """``mxFrame``: how many frames of the current generation are committed."""
+        data = os.pread(self._shm, 2 * _INDEX_HEADER_BYTES, 0)
+        if len(data) < 2 * _INDEX_HEADER_BYTES or data[:48] != data[48:96]:
+            raise LogFormatError("the -shm index header is missing or torn")
+        if data[12] != 1:  # isInit
+            raise LogFormatError("the -shm index is not initialised")
+        (max_frame,) = struct.unpack_from("=I", data, 16)
+        return int(max_frame)
+
+    def read(self) -> Frames:
+        """The frames committed since the last read (all of the log's at the first)."""
+        header = os.pread(self._wal, WAL_HEADER_BYTES, 0)
+        if len(header) < WAL_HEADER_BYTES:
+            return Frames(0, [], False)  # nothing written yet
+        magic, _version, page_size = struct.unpack_from(">III", header, 0)
+        if magic not in _WAL_MAGIC or page_size < 512 or page_size & (page_size - 1):
+            raise LogFormatError(f"not a SQLite log (magic {magic:#x}, page size {page_size})")
+        salts = header[16:24]
+        restarted = self._salts is not None and salts != self._salts
+        if salts != self._salts:
+            self._salts, self._next = salts, 0
+        end = self.committed_frames()
+        if end < self._next:
+            raise LogFormatError(f"the log went back from frame {self._next} to {end}")
+        frame_bytes = FRAME_HEADER_BYTES + page_size
+        start = WAL_HEADER_BYTES + self._next * frame_bytes
+        data = os.pread(self._wal, (end - self._next) * frame_bytes, start)
+        if len(data) != (end - self._next) * frame_bytes:
+            raise LogFormatError("the log is shorter than its index says")
+        pages: list[tuple[int, int, bytes]] = []
+        for at in range(0, len(data), frame_bytes):
+            page, commit = struct.unpack_from(">II", data, at)
+            if data[at + 8 : at + 16] != salts:
+                raise LogFormatError(f"frame {self._next + at // frame_bytes} is of another log")
+            pages.append((page, commit, data[at + FRAME_HEADER_BYTES : at + frame_bytes]))
+        if pages and not pages[-1][1]:
+            raise LogFormatError("the last committed frame is not a commit frame")
+        self._next = end
+        return Frames(page_size, pages, restarted)
+
+
+def apply(image: bytes, frames: Frames) -> bytes:
+    """``image`` (a database file's bytes) with ``frames`` laid over it: the database as the
+    transactions they hold left it."""
+    if not frames.pages:
+        return image
+    size = frames.page_size
+    out = bytearray(image)
+    for page, commit, data in frames.pages:
+        at = (page - 1) * size
+        if len(out) < at + size:
+            out.extend(bytes(at + size - len(out)))
+        out[at : at + size] = data
+        if commit:
+            del out[commit * size :]  # a transaction that shrank the file ends it here
+    return bytes(out)

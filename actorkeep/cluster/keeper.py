@@ -1,0 +1,81 @@
+"""One host's leases: which partitions it serves, kept by renewing them, shared out fairly
+among the live hosts (decision 0016).
+
+Each ``tick()`` (the host calls it every ``ttl / 3`` seconds, from a sync thread: the store
+blocks) renews what the host holds and records that it is alive; then, from what PostgreSQL says
+of the live hosts, the host keeps its fair share: it gives up partitions above the share
+(another host takes them at once) and takes free or expired ones below it. ``lease_for`` is
+what the host asks before it serves an actor: a lease good by its own clock, or None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .store import ClusterStore, Lease
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """``ttl``: how long a lease lasts by PostgreSQL's clock once taken or renewed. ``margin``:
+    how much earlier the host stops serving by its own clock (it must cover the clocks'
+    drift over ``ttl`` and the time an answer takes to leave)."""
+
+    ttl: float = 6.0
+    margin: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.margin < self.ttl / 2:
+            raise ValueError(f"need 0 < margin < ttl / 2, not ttl={self.ttl}, margin={self.margin}")
+
+    @property
+    def every(self) -> float:
+        """How often to tick: three renewals per lease, so one late tick loses nothing."""
+        return self.ttl / 3
+
+
+class LeaseKeeper:
+    """The leases of one host, over its ``ClusterStore``."""
+
+    def __init__(
+        self, store: ClusterStore, settings: LeaseSettings, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self.settings = settings
+        self._clock = clock
+        self._held: dict[int, Lease] = {}
+
+    @property
+    def held(self) -> dict[int, Lease]:
+        """The leases held after the last tick, by partition."""
+        return dict(self._held)
+
+    def lease_for(self, partition: int) -> Lease | None:
+        """The lease to serve ``partition`` under, if this host holds one still good by its
+        own clock."""
+        lease = self._held.get(partition)
+        return lease if lease is not None and self._clock() < lease.until else None
+
+    def tick(self) -> None:
+        """Renew, say this host is alive, then give up or take partitions toward the share."""
+        s = self.settings
+        renewed = self._store.renew(list(self._held.values()), s.ttl, s.margin)
+        self._held = {lease.partition: lease for lease in renewed}
+        live = self._store.heartbeat(s.ttl)
+        share = math.ceil(self._store.partitions / max(1, live))
+        if len(self._held) > share:
+            extra = sorted(self._held)[share:]
+            self._store.release([self._held.pop(p) for p in extra])
+            return
+        for partition in self._store.free_partitions(share - len(self._held)):
+            lease = self._store.acquire(partition, s.ttl, s.margin)
+            if lease is not None:
+                self._held[partition] = lease
+
+    def release_all(self) -> None:
+        """A planned shutdown: every partition goes at once, to whoever takes it next."""
+        self._store.release(list(self._held.values()))
+        self._held = {}
+        self._store.leave()

@@ -1,0 +1,97 @@
+"""A host's leases (actorkeep/cluster/keeper.py) on a real PostgreSQL: a fair share among the
+live hosts, partitions handed over when a host joins or leaves, taken over when one dies, and
+served only while the host's own clock says the lease holds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
+
+SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
+PARTITIONS = 8
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def keeper(conninfo: str, host: str, clock: Clock | None = None) -> LeaseKeeper:
+    c = clock or Clock()
+    return LeaseKeeper(ClusterStore(conninfo, host, clock=c), SETTINGS, c)
+
+
+def test_one_host_takes_every_partition(pg_conninfo: str) -> None:
+    create(pg_conninfo, PARTITIONS)
+    a = keeper(pg_conninfo, "a")
+    a.tick()
+    assert sorted(a.held) == list(range(PARTITIONS))
+    assert all(lease.epoch == 1 for lease in a.held.values())
+
+
+def test_a_host_that_joins_gets_its_share_from_the_others(pg_conninfo: str) -> None:
+    create(pg_conninfo, PARTITIONS)
+    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+    a.tick()
+    b.tick()  # alive now, but every partition is a's
+    assert b.held == {}
+    a.tick()  # two live hosts: a gives up what is above its share...
+    assert len(a.held) == PARTITIONS // 2
+    b.tick()  # ...and b takes it
+    assert len(b.held) == PARTITIONS // 2
+    assert set(a.held).isdisjoint(b.held)
+    assert all(lease.epoch == 2 for lease in b.held.values())  # each taken over once
+
+
+def test_the_partitions_of_a_host_that_dies_are_taken_once_its_leases_expire(
+    pg_conninfo: str,
+) -> None:
+    create(pg_conninfo, PARTITIONS)
+    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+    for k in (a, b, a, b):
+        k.tick()
+    theirs = {p: lease.epoch for p, lease in a.held.items()}
+    time.sleep(0.2)
+    b.tick()  # a is still alive by PostgreSQL's clock: b takes nothing of it
+    assert set(b.held).isdisjoint(theirs)
+    time.sleep(SETTINGS.ttl + 0.1)  # a stopped ticking: killed, or cut off
+    b.tick()
+    assert sorted(b.held) == list(range(PARTITIONS))
+    assert all(b.held[p].epoch == epoch + 1 for p, epoch in theirs.items())  # fenced
+
+
+def test_a_lease_is_served_only_while_the_host_s_own_clock_says_it_holds(
+    pg_conninfo: str,
+) -> None:
+    create(pg_conninfo, 2)
+    clock = Clock()
+    a = keeper(pg_conninfo, "a", clock)
+    a.tick()
+    assert a.lease_for(0) is not None and a.lease_for(5) is None
+    clock.now += SETTINGS.ttl - SETTINGS.margin  # paused through its lease, less the margin
+    assert a.lease_for(0) is None  # stops serving before anyone may take over
+    a.tick()  # renewed in time (by PostgreSQL's clock)
+    assert a.lease_for(0) is not None
+
+
+def test_a_planned_stop_hands_every_partition_over_at_once(pg_conninfo: str) -> None:
+    create(pg_conninfo, PARTITIONS)
+    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+    a.tick()
+    b.tick()
+    a.release_all()
+    b.tick()  # no wait for expiry
+    assert sorted(b.held) == list(range(PARTITIONS)) and a.held == {}
+
+
+def test_lease_settings_are_checked() -> None:
+    for ttl, margin in ((6.0, 3.0), (6.0, 0.0), (1.0, 2.0)):
+        with pytest.raises(ValueError):
+            LeaseSettings(ttl=ttl, margin=margin)
+    assert LeaseSettings().every == 2.0
