@@ -125,3 +125,34 @@ def apply(image: bytes, frames: Frames) -> bytes:
         if commit:
             del out[commit * size :]  # a transaction that shrank the file ends it here
     return bytes(out)
+
+
+_BATCH = struct.Struct(">II")  # page size, frame count
+_FRAME = struct.Struct(">II")  # page number, database size after it or 0
+
+
+def encode(frames: Frames) -> bytes:
+    """``frames`` as one value for the store: the page size and count, then each frame's page
+    number and size mark, then its page."""
+    parts = [_BATCH.pack(frames.page_size, len(frames.pages))]
+    for page, commit, data in frames.pages:
+        parts.append(_FRAME.pack(page, commit))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode(data: bytes) -> Frames:
+    """The frames ``encode`` made (``LogFormatError`` if ``data`` is not such a value)."""
+    if len(data) < _BATCH.size:
+        raise LogFormatError("a frame batch too short for its header")
+    page_size, count = _BATCH.unpack_from(data, 0)
+    if len(data) != _BATCH.size + count * (_FRAME.size + page_size):
+        raise LogFormatError(f"a batch of {count} frames of {page_size} bytes has {len(data)}")
+    pages = []
+    at = _BATCH.size
+    for _ in range(count):
+        page, commit = _FRAME.unpack_from(data, at)
+        at += _FRAME.size
+        pages.append((page, commit, data[at : at + page_size]))
+        at += page_size
+    return Frames(page_size, pages, False)

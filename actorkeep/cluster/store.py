@@ -4,8 +4,10 @@
 - ``actorkeep_leases``: a row per partition: its owner, its epoch (grows at every takeover) and
   when the lease expires, by PostgreSQL's clock.
 - ``actorkeep_hosts``: when each host incarnation last said it was alive, by PostgreSQL's clock.
-- ``actorkeep_frames``: the actors' durable writes, each tagged with the epoch it was written
-  under.
+- ``actorkeep_images``: an image of an actor's database file, with the ``seq`` of the last
+  frames folded into it (``compact``).
+- ``actorkeep_frames``: the actors' durable writes after their image, each tagged with the
+  epoch it was written under.
 
 A write commits only if every partition it touches still has the epoch the writer holds, checked
 in the same transaction under a share lock on the lease rows: a takeover (which updates the row)
@@ -40,6 +42,12 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS actorkeep_hosts (
         host_id text PRIMARY KEY,
         seen_at timestamptz NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_images (
+        address text PRIMARY KEY,
+        partition integer NOT NULL,
+        epoch bigint NOT NULL,
+        seq bigint NOT NULL,
+        image bytea NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS actorkeep_frames (
         address text NOT NULL,
         seq bigint NOT NULL,
@@ -236,6 +244,36 @@ class ClusterStore:
             ):
                 for w in writes:
                     copy.write_row((w.address, w.seq, w.partition, w.epoch, w.data))
+
+    def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:
+        """What the cluster holds of an actor: ``(seq, image, [(seq, frames), ...])``, the
+        image (empty if none) and the frames committed after it, in order; read in one
+        snapshot, so a compaction running meanwhile is seen whole or not at all."""
+        with self._conn.transaction():
+            self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            row = self._conn.execute(
+                "SELECT seq, image FROM actorkeep_images WHERE address = %s", (address,)
+            ).fetchone()
+            seq, image = (0, b"") if row is None else (int(row[0]), bytes(row[1]))
+            return seq, image, self.frames(address, after=seq)
+
+    def compact(self, partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:
+        """Replace the actor's image by ``image``, which folds in its frames up to ``seq``, and
+        drop those frames; fenced like ``commit``."""
+        with self._conn.transaction():
+            rows = self._conn.execute(CHECK_EPOCHS, ([partition],)).fetchall()
+            if [tuple(r) for r in rows] != [(partition, epoch)]:
+                raise Fenced([partition])
+            self._conn.execute(
+                "INSERT INTO actorkeep_images VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (address) DO UPDATE SET partition = excluded.partition, "
+                "epoch = excluded.epoch, seq = excluded.seq, image = excluded.image "
+                "WHERE actorkeep_images.seq <= excluded.seq",
+                (address, partition, epoch, seq, image),
+            )
+            self._conn.execute(
+                "DELETE FROM actorkeep_frames WHERE address = %s AND seq <= %s", (address, seq)
+            )
 
     def frames(self, address: str, after: int = 0) -> list[tuple[int, bytes]]:
         """``(seq, data)`` of the actor's durable writes after ``after``, in order."""

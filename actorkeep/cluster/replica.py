@@ -1,0 +1,72 @@
+"""One actor's database as the cluster keeps it (decision 0016): an image in the store, then
+each batch of frames its log commits, shipped under its partition's epoch; and the restore that
+puts them back together on whichever host owns the actor next."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from .frames import LogReader, apply, decode, encode
+from .store import ClusterStore, Write
+
+
+class Replica:
+    """The shipping side for one open database. ``start`` once its connection has run a
+    statement (its log exists); ``ship`` before every sync point and every checkpoint."""
+
+    def __init__(self, store: ClusterStore, address: str, partition: int) -> None:
+        self._store = store
+        self.address = address
+        self.partition = partition
+        self._reader: LogReader | None = None
+        self._seq = 0  # the last batch shipped
+
+    def start(self, conn: sqlite3.Connection, path: str | os.PathLike[str], epoch: int) -> None:
+        """Begin shipping ``conn``'s database. An actor the store knows nothing of gets its
+        image now (what the file holds, log included); one restored from the store goes on
+        from its last batch."""
+        seq, image, frames = self._store.load(self.address)
+        self._seq = frames[-1][0] if frames else seq
+        self._reader = LogReader(path)
+        self._reader.read()  # what the image (or the restore) already holds
+        if not image and not frames:
+            self._store.compact(self.partition, epoch, self.address, 0, conn.serialize())
+
+    def ship(self, epoch: int) -> Write | None:
+        """The frames committed since the last ship, as a write for ``ClusterStore.commit``
+        (which may take many actors' at once); None if there are none. A write that is not
+        committed (``Fenced``, or an error) must not be shipped again: the actor's owner has
+        changed or its state is unknown, and the host drops the actor."""
+        assert self._reader is not None, "start() first"
+        frames = self._reader.read()
+        if not frames.pages:
+            return None
+        self._seq += 1
+        return Write(self.partition, epoch, self.address, self._seq, encode(frames))
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def restore(store: ClusterStore, address: str) -> bytes:
+    """The actor's database file as the cluster holds it: its image with every batch after it
+    laid over (empty if the cluster has nothing of it)."""
+    _, image, batches = store.load(address)
+    for _, data in batches:
+        image = apply(image, decode(data))
+    return image
+
+
+def compact(store: ClusterStore, address: str, partition: int, epoch: int) -> int:
+    """Fold the actor's batches into its image (so that a restore reads one value); how many
+    batches were folded. Fenced like a commit."""
+    _, image, batches = store.load(address)
+    if not batches:
+        return 0
+    for _, data in batches:
+        image = apply(image, decode(data))
+    store.compact(partition, epoch, address, batches[-1][0], image)
+    return len(batches)

@@ -1,0 +1,133 @@
+"""An actor's database shipped to a real PostgreSQL as log frames under its partition's epoch,
+and restored from there on another host (actorkeep/cluster/replica.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from actorkeep.cluster import ClusterStore, Fenced, create, partition_of
+from actorkeep.cluster.frames import LogFormatError, decode
+from actorkeep.cluster.replica import Replica, compact, restore
+
+ADDRESS = "counter/c1"
+TTL, MARGIN = 0.6, 0.2
+
+
+def open_db(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+    return conn
+
+
+def rows(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
+    return conn.execute("SELECT k, v FROM kv ORDER BY k").fetchall()
+
+
+def put(conn: sqlite3.Connection, k: int, size: int = 100) -> None:
+    conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (k, bytes([k % 256]) * size))
+
+
+def test_an_actor_is_restored_from_what_was_shipped(pg_conninfo: str, tmp_path: Path) -> None:
+    create(pg_conninfo, 16)
+    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+    part = partition_of(ADDRESS, 16)
+    lease = store.acquire(part, 30.0, 1.0)
+    assert lease is not None
+    conn = open_db(tmp_path / "a.sqlite")
+    replica = Replica(store, ADDRESS, part)
+    replica.start(conn, tmp_path / "a.sqlite", lease.epoch)  # its first image
+    assert restore(store, ADDRESS) == conn.serialize()
+    for batch in range(5):
+        for k in range(batch * 10, batch * 10 + 10):
+            put(conn, k, 3000)
+        write = replica.ship(lease.epoch)
+        assert write is not None and write.seq == batch + 1
+        store.commit([write])
+        if batch == 2:  # a checkpoint, with the frames shipped first as the host must
+            assert replica.ship(lease.epoch) is None
+            conn.execute("PRAGMA wal_checkpoint(RESTART)")
+    assert restore(store, ADDRESS) == conn.serialize()
+    assert compact(store, ADDRESS, part, lease.epoch) == 5
+    assert store.frames(ADDRESS) == []  # folded into the image
+    assert restore(store, ADDRESS) == conn.serialize()
+    put(conn, 999)
+    write = replica.ship(lease.epoch)
+    assert write is not None and write.seq == 6  # numbering goes on past the compaction
+    store.commit([write])
+    assert restore(store, ADDRESS) == conn.serialize()
+    replica.close()
+    conn.close()
+
+
+def test_a_new_owner_restores_and_the_old_one_is_fenced(pg_conninfo: str, tmp_path: Path) -> None:
+    create(pg_conninfo, 16)
+    a, b = (ClusterStore(pg_conninfo, h, clock=time.monotonic) for h in ("a", "b"))
+    part = partition_of(ADDRESS, 16)
+    old = a.acquire(part, TTL, MARGIN)
+    assert old is not None
+    conn = open_db(tmp_path / "a.sqlite")
+    replica = Replica(a, ADDRESS, part)
+    replica.start(conn, tmp_path / "a.sqlite", old.epoch)
+    put(conn, 1)
+    a.commit([w for w in [replica.ship(old.epoch)] if w])
+    acknowledged = conn.serialize()
+    time.sleep(TTL + 0.1)  # host a is cut off; b takes the partition over
+    new = b.acquire(part, TTL, MARGIN)
+    assert new is not None
+    put(conn, 2)  # a, unaware, writes on...
+    stale = replica.ship(old.epoch)
+    assert stale is not None
+    with pytest.raises(Fenced):
+        a.commit([stale])  # ...and can never commit it
+    image = restore(b, ADDRESS)
+    assert image == acknowledged  # b has everything a committed, nothing it did not
+    (tmp_path / "b.sqlite").write_bytes(image)
+    moved = open_db(tmp_path / "b.sqlite")
+    assert rows(moved) == [(1, b"\x01" * 100)]
+    put(moved, 3)
+    replica_b = Replica(b, ADDRESS, part)
+    replica_b.start(moved, tmp_path / "b.sqlite", new.epoch)
+    put(moved, 4)
+    write = replica_b.ship(new.epoch)
+    assert write is not None and write.seq == 2  # after a's one committed batch
+    b.commit([write])
+    assert restore(b, ADDRESS) == moved.serialize()
+    for r, c in ((replica, conn), (replica_b, moved)):
+        r.close()
+        c.close()
+
+
+def test_many_actors_commit_in_one_transaction(pg_conninfo: str, tmp_path: Path) -> None:
+    create(pg_conninfo, 4)
+    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+    leases = {p: store.acquire(p, 30.0, 1.0) for p in range(4)}
+    actors = []
+    for i in range(6):
+        address = f"counter/c{i}"
+        part = partition_of(address, 4)
+        lease = leases[part]
+        assert lease is not None
+        conn = open_db(tmp_path / f"{i}.sqlite")
+        replica = Replica(store, address, part)
+        replica.start(conn, tmp_path / f"{i}.sqlite", lease.epoch)
+        put(conn, i)
+        actors.append((address, lease.epoch, conn, replica))
+    writes = [w for _, epoch, _, r in actors if (w := r.ship(epoch))]
+    assert len(writes) == 6
+    store.commit(writes)  # one transaction: the group commit of six actors
+    for address, _, conn, replica in actors:
+        assert restore(store, address) == conn.serialize()
+        replica.close()
+        conn.close()
+
+
+def test_a_damaged_batch_is_refused() -> None:
+    with pytest.raises(LogFormatError):
+        decode(b"\x00\x00\x10\x00\x00\x00\x00\x02short")
