@@ -13,20 +13,7 @@ from hypothesis import strategies as st
 
 from actorkeep.cluster.frames import Frames, LogFormatError, LogReader, apply
 
-
-def open_db(path: Path) -> sqlite3.Connection:
-    """A connection set up as the host sets up an actor's (WAL, no syncs, no automatic
-    checkpoints), with a table and a first row: its log and index exist."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=OFF")
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("CREATE TABLE kv (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
-    return conn
-
-
-def content(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
-    return conn.execute("SELECT k, v FROM kv ORDER BY k").fetchall()
+from .walutil import open_db, rows
 
 
 def restore(base: bytes, shipped: list[Frames]) -> bytes:
@@ -45,7 +32,7 @@ def opened(image: bytes) -> list[tuple[int, bytes]]:
         conn = sqlite3.connect(path)
         try:
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-            return content(conn)
+            return rows(conn)
         finally:
             conn.close()
 
@@ -90,7 +77,7 @@ def test_frames_since_the_last_read_restore_the_database(tmp_path: Path) -> None
     db.read()
     image = db.restore()
     assert image == db.conn.serialize()  # byte for byte what SQLite itself reads
-    assert opened(image) == content(db.conn)
+    assert opened(image) == rows(db.conn)
     db.close()
 
 

@@ -13,21 +13,10 @@ from actorkeep.cluster import ClusterStore, Fenced, create, partition_of
 from actorkeep.cluster.frames import LogFormatError, decode
 from actorkeep.cluster.replica import Replica, compact, restore
 
+from .walutil import open_db, rows
+
 ADDRESS = "counter/c1"
 TTL, MARGIN = 0.6, 0.2
-
-
-def open_db(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=OFF")
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
-    return conn
-
-
-def rows(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
-    return conn.execute("SELECT k, v FROM kv ORDER BY k").fetchall()
 
 
 def put(conn: sqlite3.Connection, k: int, size: int = 100) -> None:
