@@ -38,6 +38,8 @@ bench: $(VENV)/.test-deps
 	$(BIN)/python bench/rpc.py
 	$(BIN)/python bench/http.py
 	$(BIN)/python bench/durable.py
+	$(BIN)/python bench/gates.py
+	$(BIN)/python bench/cluster_commit.py
 
 clean:
 	rm -rf $(VENV) data .mypy_cache .pytest_cache .ruff_cache

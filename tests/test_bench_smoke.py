@@ -45,6 +45,13 @@ def test_gates_quick_run() -> None:
         assert what in out, out
 
 
+def test_cluster_commit_quick_run() -> None:
+    """bench/cluster_commit.py --quick: its own PostgreSQL, every side, both target lines."""
+    out = run_quick("cluster_commit", timeout=120)
+    for what in ("one write: store p50 / raw p50", "group commit, 32 writers"):
+        assert what in out, out
+
+
 @pytest.mark.slow
 def test_load_quick_run() -> None:
     """bench/load.py --quick: 200 clients for 5 s against a real host; no error, nothing lost."""

@@ -17,7 +17,7 @@ from actorkeep.cluster import (
     create,
     partition_of,
 )
-from actorkeep.cluster.store import CHECK_EPOCHS
+from actorkeep.cluster.store import COMMIT_FRAMES
 
 TTL, MARGIN = 0.6, 0.2
 
@@ -139,7 +139,8 @@ def test_bad_lease_arguments_are_refused(pg_conninfo: str) -> None:
 def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str) -> None:
     """The check of a commit holds a share lock on the lease row to its end, so a takeover's
     epoch bump is ordered after the commit: the new owner sees every frame the old one made.
-    (Without ``FOR SHARE`` in ``CHECK_EPOCHS`` the takeover goes ahead at once.)"""
+    The commit's very statement runs here in a transaction held open, as if the commit were
+    still in flight. (Without ``FOR SHARE`` in it the takeover goes ahead at once.)"""
     create(pg_conninfo, 1)
     a, b = store(pg_conninfo, "a"), store(pg_conninfo, "b")
     lease = a.acquire(0, TTL, MARGIN)
@@ -147,10 +148,8 @@ def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str) -> None:
     time.sleep(TTL + 0.1)
     took: list[object] = []
     with psycopg.connect(pg_conninfo) as raw:
-        raw.execute(CHECK_EPOCHS, ([0],))  # the very check commit() makes
-        raw.execute(
-            "INSERT INTO actorkeep_frames VALUES ('c/x', 1, 0, %s, 'in flight')", (lease.epoch,)
-        )
+        params = ([0], [lease.epoch], ["c/x"], [1], [0], [lease.epoch], [b"in flight"], 1)
+        assert raw.execute(COMMIT_FRAMES, params).fetchone() == ([0], 1)
         thread = threading.Thread(target=lambda: took.append(b.acquire(0, TTL, MARGIN)))
         thread.start()
         thread.join(0.5)

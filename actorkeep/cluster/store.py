@@ -65,6 +65,20 @@ CHECK_EPOCHS = (
     "ORDER BY partition FOR SHARE"
 )
 
+#: A commit, in one statement: the partitions still at their epochs (share-locked to the end,
+#: as ``CHECK_EPOCHS``), and the rows, inserted only if every partition is; the partitions held
+#: and how many rows went in.
+COMMIT_FRAMES = (
+    "WITH held AS (SELECT l.partition FROM actorkeep_leases l "
+    "JOIN unnest(%s::integer[], %s::bigint[]) AS want(partition, epoch) "
+    "ON l.partition = want.partition AND l.epoch = want.epoch "
+    "ORDER BY l.partition FOR SHARE OF l), "
+    "ins AS (INSERT INTO actorkeep_frames (address, seq, partition, epoch, data) "
+    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::integer[], %s::bigint[], %b::bytea[]) "
+    "WHERE (SELECT count(*) FROM held) = %s RETURNING 1) "
+    "SELECT (SELECT array_agg(partition) FROM held), (SELECT count(*) FROM ins)"
+)
+
 
 class Fenced(Exception):
     """A partition's epoch has moved on: another host owns it now. Nothing was written."""
@@ -230,20 +244,24 @@ class ClusterStore:
             if epochs.setdefault(w.partition, w.epoch) != w.epoch:
                 raise ValueError(f"writes to partition {w.partition} under two epochs")
         parts = sorted(epochs)
-        with self._conn.transaction():
-            rows = self._conn.execute(CHECK_EPOCHS, (parts,)).fetchall()
-            current: dict[int, int] = {p: e for p, e in rows}
-            fenced = [p for p in parts if current.get(p) != epochs[p]]
-            if fenced:
-                raise Fenced(fenced)
-            with (
-                self._conn.cursor() as cur,
-                cur.copy(
-                    "COPY actorkeep_frames (address, seq, partition, epoch, data) FROM STDIN"
-                ) as copy,
-            ):
-                for w in writes:
-                    copy.write_row((w.address, w.seq, w.partition, w.epoch, w.data))
+        # One statement, so one round trip and its own transaction (autocommit).
+        row = self._conn.execute(
+            COMMIT_FRAMES,
+            (
+                parts,
+                [epochs[p] for p in parts],
+                [w.address for w in writes],
+                [w.seq for w in writes],
+                [w.partition for w in writes],
+                [w.epoch for w in writes],
+                [w.data for w in writes],
+                len(parts),
+            ),
+        ).fetchone()
+        assert row is not None
+        held, inserted = row
+        if inserted != len(writes):
+            raise Fenced(sorted(set(parts) - set(held or [])))
 
     def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:
         """What the cluster holds of an actor: ``(seq, image, [(seq, frames), ...])``, the
