@@ -39,6 +39,7 @@ import trio
 
 from actorkeep.cluster import ClusterStore, Write, create
 from actorkeep.cluster.committer import Committer
+from bench.driver import spread
 from tests.pg import running_server
 
 WRITERS = 32
@@ -100,11 +101,6 @@ async def group(
     return done[0] / elapsed, committer.writes / max(1, committer.transactions)
 
 
-def spread(values: list[float]) -> str:
-    lo, mid, hi = min(values), statistics.median(values), max(values)
-    return f"min {lo:,.2f} median {mid:,.2f} max {hi:,.2f}"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
@@ -144,15 +140,15 @@ def main(argv: list[str] | None = None) -> None:
             BENCH_TMP.rmdir()
     print(f"cluster commits: {rounds} rounds of {seconds:g} s a side ({os.cpu_count()} cores)")
     for k, v in results.items():
-        print(f"  {k:14} {spread(v)}")
+        print(f"  {k:14} {spread(v, 2)}")
     latency = [s / r for s, r in zip(results["store p50 ms"], results["raw p50 ms"], strict=True)]
     speedup = [g / r for g, r in zip(results["group/s"], results["raw/s"], strict=True)]
     lat_ok = statistics.median(latency) <= 2.0
     up_ok = statistics.median(speedup) >= 5.0
     verdict = {True: "met", False: "MISSED"}
-    print(f"one write: store p50 / raw p50 {spread(latency)}x (target <= 2x, {verdict[lat_ok]})")
+    print(f"one write: store p50 / raw p50 {spread(latency, 2)}x (target <= 2x, {verdict[lat_ok]})")
     print(
-        f"group commit, {WRITERS} writers: group/raw {spread(speedup)}x "
+        f"group commit, {WRITERS} writers: group/raw {spread(speedup, 2)}x "
         f"(target >= 5x, {verdict[up_ok]})"
     )
 

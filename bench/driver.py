@@ -1,8 +1,9 @@
-"""The benchmarks' own caller: an ``@rpc`` call into a host from ``bench/driver`` (an address
-with no class, which the host vouches for like any caller)."""
+"""What the benchmarks share: their caller (an ``@rpc`` call into a host from ``bench/driver``,
+an address with no class, which the host vouches for like any caller) and their spreads."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import actorkeep as ak
@@ -26,3 +27,9 @@ async def call(host: ak.Host, address: str, method: str, **args: Any) -> Any:
     if resp.status != 200:
         raise RuntimeError(f"{address} {method} failed: {resp.status} {resp.body[:300]!r}")
     return codec.decode_result(resp.body, "msgpack")
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """min, median and max of ``values``, for the benchmarks' lines."""
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"min {lo:,.{digits}f} median {mid:,.{digits}f} max {hi:,.{digits}f}"

@@ -59,7 +59,7 @@ import actorkeep as ak
 import shards
 from actorkeep.runtime import storage
 from actorkeep.runtime.syncer import Syncer
-from bench.driver import call
+from bench.driver import call, spread
 from queues import Queue
 
 PRODUCERS = 32
@@ -432,11 +432,6 @@ async def measure(tmp: Path, rounds: int, quick: bool, results: Results) -> None
             results["to_thread_noop_us"].append(thread_noop)
             results["syncer_fdatasync_us"].append(sync_fd)
             results["to_thread_fdatasync_us"].append(thread_fd)
-
-
-def spread(values: list[float], digits: int = 1) -> str:
-    lo, mid, hi = min(values), statistics.median(values), max(values)
-    return f"min {lo:,.{digits}f} median {mid:,.{digits}f} max {hi:,.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> None:
