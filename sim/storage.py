@@ -214,7 +214,7 @@ class SimStorageView:
 
     closing = 0  # databases close at once
 
-    async def closed(self, class_name: str, name: str) -> None:
+    async def ready(self, class_name: str, name: str) -> None:
         """Nothing to wait for: databases close at once."""
 
     async def sync_all(self) -> None:

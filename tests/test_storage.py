@@ -281,13 +281,13 @@ async def test_an_actor_reopened_while_its_last_database_closes_waits_for_the_cl
     db.close()
     await trio.to_thread.run_sync(closing.wait, 5)
     started = time.monotonic()
-    await storage.closed("store", "x")
+    await storage.ready("store", "x")
     assert time.monotonic() - started >= 0.2  # it waited for the close to end
-    await storage.closed("store", "y")  # nothing being closed: no wait
+    await storage.ready("store", "y")  # nothing being closed: no wait
     again = storage.open_actor("store", "x", existing=True)
     again.conn.execute("INSERT INTO t VALUES (1)")
     again.close()
-    await storage.closed("store", "x")
+    await storage.ready("store", "x")
     storage.close()
 
 
@@ -347,5 +347,25 @@ async def test_the_host_never_drops_sqlite_s_locks(data_dir: Path, in_thread: bo
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30)
     assert Path(f"{path}-wal").exists()
     db.close()
-    await storage.closed("store", "locks")
+    await storage.ready("store", "locks")
     storage.close()
+
+
+async def test_a_storage_that_cannot_open_an_actor_here_answers_503(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A backend may refuse to open an actor for now (in a cluster: another host serves its
+    partition) by raising ``Overloaded``: nothing of the event runs and the caller gets 503
+    with Retry-After, to try again, not a failed event."""
+
+    class NotHere(FileStorage):
+        def open_actor(self, class_name: str, name: str, existing: bool = False) -> Any:
+            if name == "elsewhere":
+                raise ak.Overloaded("store/elsewhere is not served here now", retry_after=2.0)
+            return super().open_actor(class_name, name, existing)
+
+    async with open_host(app, storage=NotHere(data_dir, in_thread=False)) as host:
+        resp = await host.request("POST", "/store/elsewhere/_rpc/tx_rollback")
+        assert resp.status == 503 and resp.headers["retry-after"] == "2"
+        assert (await host.request("POST", "/store/here/_rpc/tx_rollback")).status == 200
+    assert not actor_path(data_dir / "actors", "store", "elsewhere").exists()

@@ -27,11 +27,16 @@ class Replica:
         image now (what the file holds, log included); one restored from the store goes on
         from its last batch."""
         seq, image, frames = self._store.load(self.address)
-        self._seq = frames[-1][0] if frames else seq
-        self._reader = LogReader(path)
-        self._reader.read()  # what the image (or the restore) already holds
+        self.resume(path, frames[-1][0] if frames else seq)
         if not image and not frames:
             self._store.compact(self.partition, epoch, self.address, 0, conn.serialize())
+
+    def resume(self, path: str | os.PathLike[str], seq: int) -> None:
+        """Begin shipping a database whose file holds what the store holds up to batch
+        ``seq`` (restored from it, or about to send its first image)."""
+        self._seq = seq
+        self._reader = LogReader(path)
+        self._reader.read()  # what the file already holds
 
     def ship(self, epoch: int) -> Write | None:
         """The frames committed since the last ship, as a write for ``ClusterStore.commit``

@@ -18,8 +18,11 @@ it from its sync threads, as it does fsyncs.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -114,6 +117,21 @@ class Write:
     data: bytes
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """One statement (or transaction) at a time on the store's connection: the host calls it
+    from several sync threads at once."""
+
+    @functools.wraps(method)
+    def locked(self: ClusterStore, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 def create(conninfo: str, partitions: int) -> None:
     """Create the cluster's tables and one lease row per partition, if not there already;
     ``ClusterMismatch`` if the cluster exists with another partition count."""
@@ -149,6 +167,7 @@ class ClusterStore:
             raise ValueError("host_id must be 1 to 200 characters")
         self.host_id = host_id
         self._clock = clock
+        self._lock = threading.RLock()
         self._conn = psycopg.connect(conninfo, autocommit=True)
         try:
             row = self._conn.execute("SELECT partitions FROM actorkeep_cluster").fetchone()
@@ -159,9 +178,11 @@ class ClusterStore:
             raise ClusterMismatch("no cluster in this database (create it first)")
         self.partitions: int = row[0]
 
+    @_locked
     def close(self) -> None:
         self._conn.close()
 
+    @_locked
     def acquire(self, partition: int, ttl: float, margin: float) -> Lease | None:
         """Take ``partition`` if nobody holds it or its lease has expired by PostgreSQL's
         clock, bumping its epoch; the lease, or None if another host holds it."""
@@ -176,6 +197,7 @@ class ClusterStore:
         ).fetchone()
         return None if row is None else Lease(partition, row[0], sent + ttl - margin)
 
+    @_locked
     def renew(self, leases: Sequence[Lease], ttl: float, margin: float) -> list[Lease]:
         """Extend the leases this host still holds (same epoch, not yet expired); the renewed
         ones. A lease missing from the answer is lost: stop serving it."""
@@ -193,6 +215,7 @@ class ClusterStore:
         ).fetchall()
         return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=_partition)
 
+    @_locked
     def heartbeat(self, ttl: float) -> int:
         """Record that this host is alive; how many hosts are (seen within ``ttl``)."""
         row = self._conn.execute(
@@ -205,10 +228,12 @@ class ClusterStore:
         assert row is not None
         return int(row[0])
 
+    @_locked
     def leave(self) -> None:
         """This host stops: no longer counted among the live ones."""
         self._conn.execute("DELETE FROM actorkeep_hosts WHERE host_id = %s", (self.host_id,))
 
+    @_locked
     def free_partitions(self, limit: int) -> list[int]:
         """Up to ``limit`` partitions nobody holds (or whose lease has expired), in an order of
         this host's own, so that hosts looking at once mostly try different ones."""
@@ -223,6 +248,7 @@ class ClusterStore:
         ).fetchall()
         return [int(p) for (p,) in rows]
 
+    @_locked
     def release(self, leases: Sequence[Lease]) -> None:
         """Give leases up now (a planned shutdown): another host may take them at once. The
         epoch stays; the taker bumps it."""
@@ -234,6 +260,7 @@ class ClusterStore:
                 ([x.partition for x in leases], [x.epoch for x in leases], self.host_id),
             )
 
+    @_locked
     def commit(self, writes: Sequence[Write]) -> None:
         """Commit ``writes`` (any actors, any partitions) in one transaction, or none of them:
         ``Fenced`` if a partition's epoch is no longer the one a write carries."""
@@ -263,6 +290,7 @@ class ClusterStore:
         if inserted != len(writes):
             raise Fenced(sorted(set(parts) - set(held or [])))
 
+    @_locked
     def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:
         """What the cluster holds of an actor: ``(seq, image, [(seq, frames), ...])``, the
         image (empty if none) and the frames committed after it, in order; read in one
@@ -275,6 +303,7 @@ class ClusterStore:
             seq, image = (0, b"") if row is None else (int(row[0]), bytes(row[1]))
             return seq, image, self.frames(address, after=seq)
 
+    @_locked
     def compact(self, partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:
         """Replace the actor's image by ``image``, which folds in its frames up to ``seq``, and
         drop those frames; fenced like ``commit``."""
@@ -293,6 +322,7 @@ class ClusterStore:
                 "DELETE FROM actorkeep_frames WHERE address = %s AND seq <= %s", (address, seq)
             )
 
+    @_locked
     def frames(self, address: str, after: int = 0) -> list[tuple[int, bytes]]:
         """``(seq, data)`` of the actor's durable writes after ``after``, in order."""
         rows = self._conn.execute(
@@ -301,6 +331,7 @@ class ClusterStore:
         ).fetchall()
         return [(seq, bytes(data)) for seq, data in rows]
 
+    @_locked
     def lease_of(self, partition: int) -> tuple[str | None, int]:
         """``(owner, epoch)`` of a partition as PostgreSQL has it (an owner whose lease has
         expired is still named)."""

@@ -229,7 +229,7 @@ class Activation:
     async def open(self) -> None:
         """Open the actor's database unless it is open, once an earlier database of the actor
         has finished closing (storage.py)."""
-        await self.host.storage.closed(self.class_name, self.name)
+        await self.host.storage.ready(self.class_name, self.name)
         if self.db is None:
             self.open_db()
 

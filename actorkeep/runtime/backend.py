@@ -66,9 +66,10 @@ class StorageBackend(Protocol):
     def closing(self) -> int:
         """How many databases are closing in the background (their files still open)."""
 
-    async def closed(self, class_name: str, name: str) -> None:
-        """Until a database of this actor that is being closed has closed (a backend may
-        close databases in the background)."""
+    async def ready(self, class_name: str, name: str) -> None:
+        """Until the actor's database may be opened here: one of its databases that is being
+        closed has closed (a backend may close databases in the background), and a backend
+        that keeps actors elsewhere has fetched it."""
 
     async def sync_all(self) -> None:
         """Make every database's committed writes durable (after a rebuild registered actors

@@ -336,6 +336,13 @@ class Dispatcher:
     async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
         try:
             inst = await self.open_instance(act)
+        except Overloaded as exc:
+            # The storage cannot open the actor here now (in a cluster: another host serves
+            # its partition, or none yet). Nothing of the event ran: the caller may try again.
+            with contextlib.suppress(Exception):
+                act.rollback()
+            act.discard_instance()
+            return outcome.Error(exc)
         except Exception as exc:
             if out_of_descriptors(exc, closing=self.host.storage.closing > 0):
                 # Nothing of the event ran: the caller may try again, as for any overload.

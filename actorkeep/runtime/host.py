@@ -52,7 +52,7 @@ from .hostdb import HostDb, open_host_db
 from .intake import creation_refused, event_for
 from .rebuild import rebuild_if_needed
 from .registry import Quarantine, Registrar, Registry
-from .router import LocalRouter, Router
+from .router import LocalRouter, Router, Target
 from .storage import Database, StorageBackend
 
 log = structlog.get_logger("actorkeep")
@@ -68,7 +68,9 @@ class Host:
     """Runs the actors of an ``App`` on one trio thread. Use ``async with host.open():``.
 
     ``alarm_scheduler`` is the class of the alarm scheduler and ``gate`` that of the actors'
-    output gates: subclasses only for the simulator's planted bugs.
+    output gates: subclasses only for the simulator's planted bugs. ``router(host)`` makes the
+    router every call and outside request goes through (``LocalRouter``: this host serves
+    every address; the cluster's checks its leases).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Host:
         debug: bool = False,
         alarm_scheduler: type[AlarmScheduler] = AlarmScheduler,
         gate: type[Gate] = Gate,
+        router: Callable[[Target], Router] = LocalRouter,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -108,7 +111,9 @@ class Host:
         self.debug = debug
         self.classes = app.classes
         self.access = Access(app.classes, access)
-        self.router: Router = LocalRouter(self)
+        #: Where every call and outside request goes (``router(host)``; a cluster's checks
+        #: which host serves the address).
+        self.router: Router = router(self)
         self._scheduler_class = alarm_scheduler
         self._nursery: trio.Nursery | None = None
         self._closing = False

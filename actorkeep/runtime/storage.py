@@ -289,7 +289,7 @@ class FileDatabase:
             self._close()
             return
         # SQLite checkpoints when the last connection closes, holding the file exclusively:
-        # the actor's next database waits for that (FileStorage.closed), or it would find the
+        # the actor's next database waits for that (FileStorage.ready), or it would find the
         # file locked.
         closes, path, event = self._closes, self.path, trio.Event()
         closes[path] = event
@@ -447,7 +447,7 @@ class FileStorage:
     def closing(self) -> int:
         return len(self._closes)
 
-    async def closed(self, class_name: str, name: str) -> None:
+    async def ready(self, class_name: str, name: str) -> None:
         if self._closes:
             event = self._closes.get(actor_path(self._actors, class_name, name))
             if event is not None:

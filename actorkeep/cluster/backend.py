@@ -1,0 +1,246 @@
+"""The cluster's storage backend (decision 0016): actors' SQLite files on this host are working
+copies; what is durable is what the store holds.
+
+- An actor opens here only while this host holds its partition's lease; before its first open
+  under an epoch, its file is restored from the store (``ready``).
+- A sync is the actor's frames committed to the store under the lease's epoch, through the
+  group commit (``Committer``): the output gate's durable point. Nothing is fsynced locally.
+- A checkpoint ships the log first: once SQLite starts its log afresh, the old frames are only
+  in the local file.
+- A sync that fails (fenced, the lease lost, the store unreachable) leaves the local file
+  unknown, and a closed database may hold plain writes never shipped: either way the actor's
+  next open restores it from the store, so a plain write not followed by a sync is lost when
+  its actor leaves memory, as in a failover.
+
+``run()`` must run beside the host (it keeps the leases and runs the commits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..address import actor_path
+from ..errors import Overloaded
+from ..runtime.storage import FileDatabase, FileStorage
+from ..runtime.syncer import Syncer
+from .committer import Committer
+from .frames import apply, decode
+from .keeper import LeaseKeeper
+from .partitions import partition_of
+from .replica import Replica
+from .store import ClusterStore
+
+
+class NotServedHere(Overloaded):
+    """503: this host does not hold the actor's partition (now); try again shortly."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} is not served by this host now", retry_after=1.0)
+
+
+class ClusterDatabase:
+    """One actor's database in cluster mode: the local file, synced to the store."""
+
+    def __init__(
+        self,
+        storage: ClusterStorage,
+        inner: FileDatabase,
+        address: str,
+        partition: int,
+        epoch: int,
+        replica: Replica,
+        image: bytes | None,
+    ) -> None:
+        self._storage = storage
+        self._inner = inner
+        self.conn: sqlite3.Connection = inner.conn
+        self.address = address
+        self.partition = partition
+        self.epoch = epoch
+        self._replica = replica
+        self._image = image  # the first image of an actor new to the cluster, not sent yet
+
+    @property
+    def where(self) -> str:
+        return self._inner.where
+
+    @property
+    def look_at(self) -> int:
+        return self._inner.look_at
+
+    @look_at.setter
+    def look_at(self, value: int) -> None:
+        self._inner.look_at = value
+
+    def checkpoint_due(self) -> bool:
+        return self._inner.checkpoint_due()
+
+    async def prepare_checkpoint(self) -> None:
+        await self._inner.prepare_checkpoint()
+
+    async def checkpoint(self) -> None:
+        await self.sync()  # the log's frames reach the store before SQLite starts it afresh
+        await self._inner.checkpoint()
+
+    async def sync(self) -> None:
+        storage = self._storage
+        try:
+            lease = storage.keeper.lease_for(self.partition)
+            if lease is None or lease.epoch != self.epoch:
+                raise NotServedHere(self.address)
+            write = self._replica.ship(self.epoch)
+            if self._image is not None:
+                image, self._image = self._image, None
+                await storage.in_thread(
+                    lambda: storage.store.compact(
+                        self.partition, self.epoch, self.address, 0, image
+                    )
+                )
+            if write is not None:
+                await storage.committer.commit(write)
+        except BaseException:
+            storage.forget(self.address)  # the local file is unknown now: restore it next time
+            raise
+
+    def close(self) -> None:
+        # What was not shipped (plain writes since the last sync) is only in the local file,
+        # and later frames could build on it: the actor's next open restores from the store.
+        self._storage.forget(self.address)
+        self._replica.close()
+        self._inner.close()
+
+
+class ClusterStorage:
+    """The ``StorageBackend`` of a cluster host: local files under ``root`` (as
+    ``FileStorage``), the store and this host's leases."""
+
+    def __init__(self, root: str | os.PathLike[str], store: ClusterStore, keeper: LeaseKeeper):
+        self.files = FileStorage(root)
+        self.store = store
+        self.keeper = keeper
+        self._actors = self.files.root / "actors"
+        self._restored: dict[str, int] = {}  # address: the epoch its local file is current for
+        # address: (the last batch the store has of it, whether it has anything), at restore
+        self._loaded: dict[str, tuple[int, bool]] = {}
+        self._committer: Committer | None = None
+        # The store's own threads: the host closes its storage (and so the files' threads)
+        # before run() hands the leases over.
+        self._syncer = Syncer()
+
+    @property
+    def committer(self) -> Committer:
+        if self._committer is None:
+            raise RuntimeError("ClusterStorage.run() is not running")
+        return self._committer
+
+    async def in_thread(self, fn: Callable[[], Any]) -> Any:
+        return await self._syncer.run(fn, "cluster store")
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the leases (a tick every ``ttl / 3``) and run the group commits, until
+        cancelled; a planned stop hands the partitions over."""
+        async with trio.open_nursery() as nursery:
+            self._committer = Committer(self.store, self.in_thread, nursery.start_soon)
+            await self.in_thread(self.keeper.tick)
+            task_status.started()
+            try:
+                while True:
+                    await trio.sleep(self.keeper.settings.every)
+                    await self.in_thread(self.keeper.tick)
+            finally:
+                with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self.in_thread(self.keeper.release_all)
+
+    def forget(self, address: str) -> None:
+        self._restored.pop(address, None)
+
+    def _lease(self, class_name: str, name: str) -> tuple[str, int, int]:
+        address = f"{class_name}/{name}"
+        partition = partition_of(address, self.store.partitions)
+        lease = self.keeper.lease_for(partition)
+        if lease is None:
+            raise NotServedHere(address)
+        return address, partition, lease.epoch
+
+    # -- StorageBackend -----------------------------------------------------------------
+    async def ready(self, class_name: str, name: str) -> None:
+        await self.files.ready(class_name, name)
+        address, _, epoch = self._lease(class_name, name)
+        if self._restored.get(address) == epoch:
+            return
+        path = actor_path(self._actors, class_name, name)
+        last, known = await self.in_thread(lambda: self._restore(path, address))
+        self._loaded[address] = (last, known)
+        self._restored[address] = epoch
+
+    def _restore(self, path: Path, address: str) -> tuple[int, bool]:
+        """In a thread: the actor's file as the store holds it; the store's last batch of it,
+        and whether the store holds anything of it."""
+        seq, image, batches = self.store.load(address)
+        last, known = (batches[-1][0] if batches else seq), bool(image or batches)
+        for _, data in batches:
+            image = apply(image, decode(data))
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{path}{suffix}").unlink()
+        if not image:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # nothing durable of it: it starts afresh
+            return last, known
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".restore")
+        tmp.write_bytes(image)
+        tmp.replace(path)
+        return last, known
+
+    def open_actor(self, class_name: str, name: str, existing: bool = False) -> ClusterDatabase:
+        address, partition, epoch = self._lease(class_name, name)
+        if self._restored.get(address) != epoch:
+            raise NotServedHere(address)  # not restored under this epoch: ready() first
+        # What the store holds decides, not the local registry (restored files are new here).
+        inner = self.files.open_actor(class_name, name, existing=False)
+        try:
+            inner.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # log and index
+            last, known = self._loaded[address]
+            # An actor new to the cluster: its first image goes with its first sync.
+            image = None if known else inner.conn.serialize()
+            replica = Replica(self.store, address, partition)
+            replica.resume(inner.where, last)
+        except BaseException:
+            inner.close()
+            raise
+        return ClusterDatabase(self, inner, address, partition, epoch, replica, image)
+
+    def exists(self, class_name: str, name: str) -> bool:
+        return self.files.exists(class_name, name)
+
+    def actors(self) -> Iterator[tuple[str, str]]:
+        return self.files.actors()
+
+    def has_actors(self) -> bool:
+        return self.files.has_actors()
+
+    def open_host_db(self) -> FileDatabase:
+        return self.files.open_host_db()
+
+    def set_aside_host_db(self) -> str:
+        return self.files.set_aside_host_db()
+
+    @property
+    def closing(self) -> int:
+        return self.files.closing
+
+    async def sync_all(self) -> None:
+        await self.files.sync_all()
+
+    def close(self) -> None:
+        """The host's end: the local files. The store and the leases stay until ``run()``
+        ends."""
+        self.files.close()

@@ -1,0 +1,191 @@
+"""Hosts on the cluster's storage backend (actorkeep/cluster/backend.py) over a real
+PostgreSQL: durable KV puts acknowledged on one host are read on another after a handover or a
+takeover, and a host that has lost its partitions acknowledges nothing more."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import actorkeep as ak
+import shards
+from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
+from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.router import ClusterRouter
+from actorkeep.testing import open_host
+
+SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
+app = ak.App()
+app.mount(shards.KVShard, "kv")
+kv = ak.kv.Client("kv", shards=4)
+
+
+@app.actor("w")
+class Writer(ak.Actor):
+    @ak.rpc
+    async def put(self, key: str, value: str) -> int:
+        return await kv.put(key, value.encode())
+
+    @ak.rpc
+    async def put_plain(self, key: str, value: str) -> int:
+        return await kv.put(key, value.encode(), local=True)
+
+    @ak.rpc
+    async def slow_get(self, key: str, seconds: float) -> str | None:
+        await trio.sleep(seconds)
+        return await self.get(key)
+
+    @ak.rpc
+    async def get(self, key: str) -> str | None:
+        entry = await kv.get(key)
+        return None if entry is None else entry.value.decode()
+
+
+def cluster_storage(
+    conninfo: str, root: Path, host: str, clock: Callable[[], float] = time.monotonic
+) -> ClusterStorage:
+    store = ClusterStore(conninfo, host, clock=clock)
+    return ClusterStorage(root, store, LeaseKeeper(store, SETTINGS, clock))
+
+
+async def serving_all(storage: ClusterStorage, deadline: float = 10.0) -> None:
+    """Until the host holds every partition (its keeper ticks on its own: poll it)."""
+    for _ in range(int(deadline / 0.05)):
+        if len(storage.keeper.held) == storage.store.partitions:
+            return
+        await trio.sleep(0.05)
+    raise AssertionError(f"holds {sorted(storage.keeper.held)} after {deadline} s")
+
+
+async def call(t: Any, method: str, deadline: float = 10.0, **args: Any) -> Any:
+    """``w/w``'s ``method``; retried while the host answers 503 (a partition not served yet)."""
+    end = trio.current_time() + deadline
+    while True:
+        resp = await t.request("POST", f"/w/w/_rpc/{method}", json=args)
+        if resp.status != 503 or trio.current_time() > end:
+            return resp
+        await trio.sleep(0.05)
+
+
+async def test_what_one_host_acknowledged_another_restores(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a) as t:
+            for i in range(20):
+                resp = await call(t, "put", key=f"k{i}", value=f"v{i}")
+                assert resp.status == 200, resp.body
+        nursery.cancel_scope.cancel()  # a planned stop: its partitions are handed over
+    b = cluster_storage(pg_conninfo, tmp_path / "b", "b")  # another host, its own empty disk
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        assert len(b.keeper.held) == 8  # at its first tick: a handed everything over
+        async with open_host(app, storage=b) as t:
+            for i in range(20):
+                resp = await call(t, "get", key=f"k{i}")
+                assert resp.status == 200 and resp.json() == f"v{i}", resp.body
+            resp = await call(t, "put", key="k0", value="again")  # and writes on from there
+            assert resp.status == 200
+        nursery.cancel_scope.cancel()
+    assert not list((tmp_path / "b" / "actors").rglob("shard-*.sqlite-wal"))  # closed cleanly
+
+
+async def test_a_host_whose_partitions_were_taken_acknowledges_nothing(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Host a's clock stands still, so it believes its leases hold for ever; it stops ticking
+    (paused, cut off), b takes its partitions over once they expire, and a's next durable put is
+    fenced: refused, and not in what b reads."""
+    create(pg_conninfo, 8)
+    frozen = 1000.0
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=lambda: frozen)
+    b = cluster_storage(pg_conninfo, tmp_path / "b", "b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a) as ta:
+            assert (await call(ta, "put", key="x", value="1")).status == 200
+            a.keeper.tick = lambda: None  # type: ignore[method-assign]  # a stops renewing
+            await trio.sleep(SETTINGS.ttl + SETTINGS.every + 0.1)
+            await nursery.start(b.run)
+            await serving_all(b)
+            async with open_host(app, storage=b) as tb:
+                assert (await call(tb, "get", key="x")).json() == "1"
+                stale = await call(ta, "put", key="x", value="2")
+                assert stale.status != 200  # fenced: never acknowledged
+                assert (await call(tb, "get", key="x")).json() == "1"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_plain_write_never_synced_goes_with_its_actor_from_memory(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Its frames were never shipped, and later ones could build on it: the actor's next open
+    restores from the store, so the plain write is gone (as in a failover), the durable ones
+    are there, and the file is whole."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    durable, plain = "d0", next(k for k in (f"p{i}" for i in range(100)) if same_shard(k, "d0"))
+    others = [k for k in (f"o{i}" for i in range(100)) if not same_shard(k, "d0")][:6]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, max_active=2) as t:
+            assert (await call(t, "put", key=durable, value="kept")).status == 200
+            assert (await call(t, "put_plain", key=plain, value="lost")).status == 200
+            for key in others:  # the shard leaves memory
+                assert (await call(t, "get", key=key)).status == 200
+            assert (await call(t, "get", key=durable)).json() == "kept"
+            assert (await call(t, "get", key=plain)).json() is None
+        nursery.cancel_scope.cancel()
+
+
+def same_shard(a: str, b: str) -> bool:
+    return kv.address_of(a) == kv.address_of(b)
+
+
+class Clock:
+    """A host's monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_no_answer_leaves_a_host_once_its_lease_ran_out_by_its_clock(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """The cluster's router checks the partition's lease before the event and before the
+    reply: an actor in memory stops answering the moment the lease runs out by the host's own
+    clock, reads included, and an event that was running when it ran out gets no answer out."""
+    create(pg_conninfo, 8)
+    clock = Clock()
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=clock)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, router=lambda host: ClusterRouter(host, a)) as t:
+            assert (await call(t, "put", key="k", value="v")).status == 200
+            assert (await call(t, "get", key="k")).json() == "v"  # in memory now
+            a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
+            answers: list[Any] = []
+
+            async def slow() -> None:
+                answers.append(
+                    await t.request("POST", "/w/w/_rpc/slow_get", json={"key": "k", "seconds": 0.3})
+                )
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(slow)
+                await trio.sleep(0.1)  # the event runs...
+                clock.now += SETTINGS.ttl  # ...when the lease runs out by this host's clock
+            assert answers[0].status == 503  # its reply does not leave
+            resp = await t.request("POST", "/w/w/_rpc/get", json={"key": "k"})
+            assert resp.status == 503 and resp.headers["retry-after"] == "1"
+        nursery.cancel_scope.cancel()
