@@ -40,6 +40,7 @@ bench: $(VENV)/.test-deps
 	$(BIN)/python bench/durable.py
 	$(BIN)/python bench/gates.py
 	$(BIN)/python bench/cluster_commit.py
+	$(BIN)/python bench/cluster_failover.py
 
 clean:
 	rm -rf $(VENV) data .mypy_cache .pytest_cache .ruff_cache

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -28,6 +28,9 @@ from .runtime.host import Host
 from .runtime.hostdb import HostDb
 from .runtime.registry import Registry
 from .runtime.storage import DataDirInUse, FileStorage
+
+if TYPE_CHECKING:  # the cluster's modules need its extra (psycopg): imported when asked for
+    from .cluster.serving import ClusterOptions
 
 log = structlog.get_logger("actorkeep")
 
@@ -133,6 +136,7 @@ async def serve(
     host_options: dict[str, Any],
     limits: ServerLimits,
     limited: dict[str, Any] | None = None,
+    cluster: ClusterOptions | None = None,
 ) -> None:
     # Bind first: a port in use is reported before anything is made in the data directory.
     listeners = await trio.open_tcp_listeners(port, host=bind_host)
@@ -142,7 +146,16 @@ async def serve(
             "with `ulimit -n`",
             **limited,
         )
-    host = Host(app, FileStorage(data), **host_options)
+    if cluster is None:
+        host = Host(app, FileStorage(data), **host_options)
+        beside_host = None
+    else:  # the leases and group commits run beside the host, and outlive it
+        from .cluster.router import ClusterRouter
+        from .cluster.serving import open_cluster
+
+        storage = open_cluster(data, cluster)  # SystemExit with one line if it cannot
+        host = Host(app, storage, router=lambda h: ClusterRouter(h, storage), **host_options)
+        beside_host = storage.run
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
@@ -150,20 +163,25 @@ async def serve(
                 log.info("shutting down", signal=signal.Signals(signum).name)
                 return
 
-        async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(serve_http, host, listeners, limits, until=until_signal)
-            )
-            log.info(
-                "actorkeep serving",
-                app=app_spec,
-                urls=[_url(listener.socket) for listener in listeners],
-                data=str(data),
-                classes=sorted(app.classes),
-                pid=os.getpid(),
-                max_active=host.max_active,
-                max_connections=limits.max_connections,
-            )
+        async with trio.open_nursery() as beside:
+            if beside_host is not None:
+                await beside.start(beside_host)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(
+                    functools.partial(serve_http, host, listeners, limits, until=until_signal)
+                )
+                log.info(
+                    "actorkeep serving",
+                    app=app_spec,
+                    urls=[_url(listener.socket) for listener in listeners],
+                    data=str(data),
+                    classes=sorted(app.classes),
+                    pid=os.getpid(),
+                    max_active=host.max_active,
+                    max_connections=limits.max_connections,
+                    **({} if cluster is None else {"cluster_partitions": cluster.partitions}),
+                )
+            beside.cancel_scope.cancel()  # a planned stop: the partitions are handed over
     log.info("stopped")
 
 
@@ -232,6 +250,19 @@ def quarantine(data: Path, release: str | None) -> int:
         return 0
 
 
+def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
+    """The ``--cluster`` options checked (``ValueError``), or None for a single host."""
+    if args.cluster is None:
+        return None
+    try:
+        from .cluster.keeper import LeaseSettings
+        from .cluster.serving import ClusterOptions
+    except ImportError as exc:  # psycopg, the cluster extra
+        raise ValueError(f"--cluster needs the cluster extra ({exc})") from None
+    lease = LeaseSettings(ttl=args.lease_ttl, margin=args.lease_margin)
+    return ClusterOptions(args.cluster, args.partitions, lease)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="actorkeep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -282,6 +313,25 @@ def main(argv: list[str] | None = None) -> None:
         help="show outside clients the exception of a failed event (never in production)",
     )
     p.add_argument("--log-format", choices=["console", "json"], default="console")
+    p.add_argument(
+        "--cluster",
+        metavar="POSTGRES_URL",
+        help="be a host of the cluster kept in this PostgreSQL database (decision 0016; "
+        "needs the package's cluster extra)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1024,
+        help="partitions of a cluster created now; checked against an existing one (1,024)",
+    )
+    p.add_argument("--lease-ttl", type=float, default=3.0, help="cluster lease seconds (3)")
+    p.add_argument(
+        "--lease-margin",
+        type=float,
+        default=1.0,
+        help="seconds before a lease ends at which the host stops serving its partition (1)",
+    )
     q = sub.add_parser(
         "quarantine",
         help="list the actors quarantined for damaged storage, or release one",
@@ -333,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
             keep_alive_timeout=args.keep_alive_timeout,
             graceful_timeout=args.graceful_timeout,
         )
+        cluster = cluster_options(args)
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
     try:
@@ -358,7 +409,9 @@ def main(argv: list[str] | None = None) -> None:
         host_options["max_active"] = active
         limits = dataclasses.replace(limits, max_connections=connections)
     try:
-        trio.run(serve, app, args.app, data, args.host, args.port, host_options, limits, limited)
+        trio.run(
+            serve, app, args.app, data, args.host, args.port, host_options, limits, limited, cluster
+        )
     except* DataDirInUse as group:
         raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
     except* OSError as group:

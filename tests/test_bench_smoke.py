@@ -53,6 +53,13 @@ def test_cluster_commit_quick_run() -> None:
 
 
 @pytest.mark.slow
+def test_cluster_failover_quick_run() -> None:
+    """bench/cluster_failover.py --quick: two hosts, two kills, each timed."""
+    out = run_quick("cluster_failover", timeout=180)
+    assert "failover, kill -9 to the other host's first answer" in out, out
+
+
+@pytest.mark.slow
 def test_load_quick_run() -> None:
     """bench/load.py --quick: 200 clients for 5 s against a real host; no error, nothing lost."""
     out = run_quick("load", timeout=240)

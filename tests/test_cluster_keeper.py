@@ -94,4 +94,4 @@ def test_lease_settings_are_checked() -> None:
     for ttl, margin in ((6.0, 3.0), (6.0, 0.0), (1.0, 2.0)):
         with pytest.raises(ValueError):
             LeaseSettings(ttl=ttl, margin=margin)
-    assert LeaseSettings().every == 2.0
+    assert LeaseSettings().every == 1.0

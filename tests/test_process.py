@@ -519,6 +519,14 @@ def run_cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
             [COUNTER_APP, "--max-pending", "0"],
             "idle_timeout, max_active, max_pending and max_body must be positive",
         ),
+        (
+            [COUNTER_APP, "--cluster", "dbname=x", "--lease-ttl", "2", "--lease-margin", "1"],
+            "need 0 < margin < ttl / 2, not ttl=2.0, margin=1.0",
+        ),
+        (
+            [COUNTER_APP, "--cluster", "dbname=x", "--partitions", "0"],
+            "partitions must be an integer from 1 to 65536, not 0",
+        ),
     ],
     ids=[
         "no-colon",
@@ -530,6 +538,8 @@ def run_cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "no-rule",
         "bad-rule",
         "bad-limit",
+        "bad-lease",
+        "bad-partitions",
     ],
 )
 def test_cli_errors_are_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -540,7 +550,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path, args: list[str], message:
     assert not (tmp_path / "data").exists()  # refused before anything was made
 
 
-@pytest.mark.parametrize("problem", ["busy-port", "data-is-a-file"])
+@pytest.mark.parametrize("problem", ["busy-port", "data-is-a-file", "no-cluster-database"])
 def test_cli_environment_errors_are_one_clear_line(tmp_path: Path, problem: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))
@@ -549,10 +559,15 @@ def test_cli_environment_errors_are_one_clear_line(tmp_path: Path, problem: str)
         data = tmp_path / "data"
         if problem == "data-is-a-file":
             data.write_text("not a directory")
-        done = run_cli(data, COUNTER_APP, "--port", str(port))
+        cluster = ["--cluster", f"host={tmp_path} port=1 dbname=x connect_timeout=2"]
+        extra = cluster if problem == "no-cluster-database" else []
+        done = run_cli(data, COUNTER_APP, "--port", str(port), *extra)
     assert done.returncode == 1
-    assert done.stderr.startswith("actorkeep: "), done.stderr
+    last = done.stderr.splitlines()[-1]  # after the open-file warning, where the limit is low
+    assert last.startswith("actorkeep: "), done.stderr
     assert "Traceback" not in done.stderr
+    if problem == "no-cluster-database":
+        assert last.startswith("actorkeep: cannot reach the cluster's PostgreSQL: "), last
 
 
 # -- 7: bad input over real HTTP ------------------------------------------------------------

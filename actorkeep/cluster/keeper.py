@@ -23,8 +23,8 @@ class LeaseSettings:
     how much earlier the host stops serving by its own clock (it must cover the clocks'
     drift over ``ttl`` and the time an answer takes to leave)."""
 
-    ttl: float = 6.0
-    margin: float = 2.0
+    ttl: float = 3.0
+    margin: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.margin < self.ttl / 2:
