@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def cluster_args(conninfo: str) -> tuple[str, ...]:
 
 def first_answer(
     servers: list[Server], path: str, deadline: float, body: dict[str, int] | None = None
-) -> tuple[int, object]:
+) -> tuple[int, Any]:
     """Ask each host in turn until one serves ``path`` (the others answer 503): its answer."""
     end = time.monotonic() + deadline
     while True:
@@ -72,3 +73,111 @@ def test_acknowledged_durable_writes_move_to_the_surviving_host(
             assert took < TTL  # handed over at once, not after the leases expired
         status, n = first_answer([b], "/counter/c0/_rpc/incr_durable", 5, {"by": 1})
         assert (status, n) == (200, ROUNDS + 1)  # and it writes on
+
+
+def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """SIGSTOP one host past its leases; the other takes its partitions over and writes on.
+    After SIGCONT the paused host, with stale beliefs, never answers with what it held: by its
+    own clock its leases ran out, so it refuses (503) until it has taken a share again from
+    the store, and every answer from either host is the acknowledged count."""
+    import signal
+
+    args = cluster_args(pg_conninfo)
+    with (
+        serve(COUNTER_APP, tmp_path / "a", *args) as a,
+        serve(COUNTER_APP, tmp_path / "b", *args) as b,
+    ):
+        time.sleep(TTL)
+        acked = {}
+        for i in range(COUNTERS):
+            status, n = first_answer([a, b], f"/counter/c{i}/_rpc/incr_durable", 10, {"by": 1})
+            assert status == 200, n
+            acked[i] = n
+        mine = [i for i in range(COUNTERS) if a.get(f"/counter/c{i}/").status == 200]
+        assert mine, "a serves nothing"
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            for i in mine:  # b takes them over once a's leases expire, and writes on
+                status, n = first_answer(
+                    [b], f"/counter/c{i}/_rpc/incr_durable", 4 * TTL, {"by": 1}
+                )
+                assert (status, n) == (200, acked[i] + 1), (i, n)
+                acked[i] += 1
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        wrong = []
+        end = time.monotonic() + 3 * TTL
+        while time.monotonic() < end:  # a wakes up: it rejoins, and takes a share again
+            for i in mine:
+                for server in (a, b):
+                    reply = server.get(f"/counter/c{i}/")
+                    if reply.status == 200 and reply.json()["n"] != acked[i]:
+                        wrong.append((server.port, i, reply.json()))
+                    assert reply.status in (200, 503), reply
+        assert wrong == []  # never a count it held before the pause
+        for i in range(COUNTERS):  # and every counter is served by one of them
+            status, body = first_answer([a, b], f"/counter/c{i}/", 4 * TTL)
+            assert status == 200 and body["n"] == acked[i], (i, body)
+
+
+def test_a_rolling_restart_under_load_answers_nothing_but_200_and_503(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Both hosts are restarted in turn (SIGTERM, then a new process on the same directory)
+    while a client keeps incrementing counters through whichever host serves each: no answer
+    but 200 or 503, no connection refused for long, and every acknowledged increment is in
+    the final counts (a 503 may or may not have applied: a host that closes answers what it
+    was running with 503)."""
+    import signal
+    import threading
+
+    args = cluster_args(pg_conninfo)
+    a = Server(COUNTER_APP, tmp_path / "a", args)
+    b = Server(COUNTER_APP, tmp_path / "b", args)
+    hosts = [a, b]
+    try:
+        time.sleep(TTL)
+        acked = dict.fromkeys(range(COUNTERS), 0)
+        unsure = dict.fromkeys(range(COUNTERS), 0)
+        other: list[object] = []
+        stop = threading.Event()
+
+        def client() -> None:
+            i = 0
+            while not stop.is_set():
+                i = (i + 1) % COUNTERS
+                for server in list(hosts):
+                    try:
+                        reply = server.rpc(f"/counter/c{i}/_rpc/incr_durable", {"by": 1})
+                    except OSError:
+                        continue  # that host is restarting
+                    if reply.status == 200:
+                        acked[i] += 1
+                        break
+                    if reply.status != 503:
+                        other.append((reply.status, reply.body))
+                    unsure[i] += 1
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        try:
+            for k in (0, 1):
+                time.sleep(1.0)
+                assert hosts[k].stop(signal.SIGTERM, timeout=15) == 0
+                hosts[k] = Server(COUNTER_APP, hosts[k].data, args)
+            time.sleep(2 * TTL)
+        finally:
+            stop.set()
+            thread.join(30)
+        print(f"rolling restart: {sum(acked.values())} acknowledged, {sum(unsure.values())} 503")
+        assert other == []
+        assert sum(acked.values()) > 50
+        for i in range(COUNTERS):
+            status, body = first_answer(hosts, f"/counter/c{i}/", 4 * TTL)
+            assert status == 200, body
+            assert acked[i] <= body["n"] <= acked[i] + unsure[i], (i, acked[i], body, unsure[i])
+    finally:
+        for server in [*hosts, a, b]:
+            server.close()
