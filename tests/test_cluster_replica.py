@@ -41,6 +41,7 @@ def test_an_actor_is_restored_from_what_was_shipped(pg_conninfo: str, tmp_path: 
         store.commit([write])
         if batch == 2:  # a checkpoint, with the frames shipped first as the host must
             assert replica.ship(lease.epoch) is None
+            replica.expect_restart()
             conn.execute("PRAGMA wal_checkpoint(RESTART)")
     assert restore(store, ADDRESS) == conn.serialize()
     assert compact(store, ADDRESS, part, lease.epoch) == 5
@@ -115,6 +116,26 @@ def test_many_actors_commit_in_one_transaction(pg_conninfo: str, tmp_path: Path)
         assert restore(store, address) == conn.serialize()
         replica.close()
         conn.close()
+
+
+def test_a_log_that_started_afresh_unshipped_is_refused(pg_conninfo: str, tmp_path: Path) -> None:
+    """A checkpoint the replica was not told of (frames may have gone into the file unread)
+    fails the next ship: the actor must be restored, not go on with a hole in its batches."""
+    create(pg_conninfo, 16)
+    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+    part = partition_of(ADDRESS, 16)
+    lease = store.acquire(part, 30.0, 1.0)
+    assert lease is not None
+    conn = open_db(tmp_path / "a.sqlite")
+    replica = Replica(store, ADDRESS, part)
+    replica.start(conn, tmp_path / "a.sqlite", lease.epoch)
+    put(conn, 1)
+    conn.execute("PRAGMA wal_checkpoint(RESTART)")
+    put(conn, 2)
+    with pytest.raises(LogFormatError, match="started afresh"):
+        replica.ship(lease.epoch)
+    replica.close()
+    conn.close()
 
 
 def test_a_damaged_batch_is_refused() -> None:

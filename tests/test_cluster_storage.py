@@ -189,3 +189,33 @@ async def test_no_answer_leaves_a_host_once_its_lease_ran_out_by_its_clock(
             resp = await t.request("POST", "/w/w/_rpc/get", json={"key": "k"})
             assert resp.status == 503 and resp.headers["retry-after"] == "1"
         nursery.cancel_scope.cancel()
+
+
+async def test_an_actor_in_memory_when_its_partition_left_and_came_back_is_restored(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Host a keeps an actor in memory; its partitions go to b, which writes, then come back
+    to a under a newer epoch. a must not answer from what it held: the router sees the actor
+    was opened under an older epoch, takes it out of memory, and its next open restores b's
+    write from the store."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    b = cluster_storage(pg_conninfo, tmp_path / "b", "b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, router=lambda h: ClusterRouter(h, a)) as ta:
+            assert (await call(ta, "put", key="x", value="from a")).status == 200
+            assert (await call(ta, "get", key="x")).json() == "from a"  # in memory on a
+            ticking = a.keeper.tick
+            a.keeper.tick = lambda: None  # type: ignore[method-assign]
+            a.keeper.release_all()  # a hands everything over...
+            await nursery.start(b.run)
+            await serving_all(b)
+            async with open_host(app, storage=b) as tb:  # ...b writes...
+                assert (await call(tb, "put", key="x", value="from b")).status == 200
+            b.keeper.tick = lambda: None  # type: ignore[method-assign]
+            b.keeper.release_all()  # ...and hands everything back
+            a.keeper.tick = ticking  # type: ignore[method-assign]
+            await serving_all(a)
+            assert (await call(ta, "get", key="x")).json() == "from b"
+        nursery.cancel_scope.cancel()

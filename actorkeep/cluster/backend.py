@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import structlog
 import trio
 
 from ..address import actor_path
@@ -36,6 +37,8 @@ from .keeper import LeaseKeeper
 from .partitions import partition_of
 from .replica import Replica
 from .store import ClusterStore
+
+log = structlog.get_logger("actorkeep")
 
 
 class NotServedHere(Overloaded):
@@ -66,6 +69,8 @@ class ClusterDatabase:
         self.epoch = epoch
         self._replica = replica
         self._image = image  # the first image of an actor new to the cluster, not sent yet
+        self._one_at_a_time = trio.Lock()
+        self._failed: BaseException | None = None
 
     @property
     def where(self) -> str:
@@ -87,34 +92,46 @@ class ClusterDatabase:
 
     async def checkpoint(self) -> None:
         await self.sync()  # the log's frames reach the store before SQLite starts it afresh
+        self._replica.expect_restart()
         await self._inner.checkpoint()
 
     async def sync(self) -> None:
+        # One at a time (the gate's and a checkpoint's), so that batches land in order; and
+        # after one failed, none: a batch that may be missing would leave a hole under the
+        # next ones. The actor is reset and restored instead.
         storage = self._storage
-        try:
-            lease = storage.keeper.lease_for(self.partition)
-            if lease is None or lease.epoch != self.epoch:
-                raise NotServedHere(self.address)
-            write = self._replica.ship(self.epoch)
-            if self._image is not None:
-                image, self._image = self._image, None
-                await storage.in_thread(
-                    lambda: storage.store.compact(
-                        self.partition, self.epoch, self.address, 0, image
+        async with self._one_at_a_time:
+            if self._failed is not None:
+                raise NotServedHere(self.address) from self._failed
+            storage.syncing(self.address, +1)
+            try:
+                lease = storage.keeper.lease_for(self.partition)
+                if lease is None or lease.epoch != self.epoch:
+                    raise NotServedHere(self.address)
+                write = self._replica.ship(self.epoch)
+                if self._image is not None:
+                    image, self._image = self._image, None
+                    await storage.in_thread(
+                        lambda: storage.store.compact(
+                            self.partition, self.epoch, self.address, 0, image
+                        )
                     )
-                )
-            if write is not None:
-                await storage.committer.commit(write)
-        except BaseException:
-            storage.forget(self.address)  # the local file is unknown now: restore it next time
-            raise
+                if write is not None:
+                    await storage.committer.commit(write)
+            except BaseException as exc:
+                self._failed = exc
+                storage.forget(self.address)  # the local file is unknown: restore it next time
+                raise
+            finally:
+                storage.syncing(self.address, -1)
 
     def close(self) -> None:
         # What was not shipped (plain writes since the last sync) is only in the local file,
         # and later frames could build on it: the actor's next open restores from the store.
         self._storage.forget(self.address)
-        self._replica.close()
+        self._storage.closed(self)
         self._inner.close()
+        self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
 
 
 class ClusterStorage:
@@ -130,6 +147,9 @@ class ClusterStorage:
         # address: (the last batch the store has of it, whether it has anything), at restore
         self._loaded: dict[str, tuple[int, bool]] = {}
         self._committer: Committer | None = None
+        self._open: dict[str, ClusterDatabase] = {}  # by address
+        self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
+        self._synced: dict[str, trio.Event] = {}
         # The store's own threads: the host closes its storage (and so the files' threads)
         # before run() hands the leases over.
         self._syncer = Syncer()
@@ -153,13 +173,42 @@ class ClusterStorage:
             try:
                 while True:
                     await trio.sleep(self.keeper.settings.every)
-                    await self.in_thread(self.keeper.tick)
+                    try:
+                        await self.in_thread(self.keeper.tick)
+                    except Exception as exc:  # the store unreachable: the leases run out by
+                        # this host's clock, and it stops serving them; it tries again
+                        log.warning("could not renew the cluster's leases", error=repr(exc))
             finally:
-                with trio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await self.in_thread(self.keeper.release_all)
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.in_thread(self.keeper.release_all)
+                    except Exception as exc:  # they expire instead
+                        log.warning("could not hand the partitions over", error=repr(exc))
+                    self._syncer.close()
+                    self.store.close()
 
     def forget(self, address: str) -> None:
         self._restored.pop(address, None)
+
+    def syncing(self, address: str, delta: int) -> None:
+        n = self._syncs.get(address, 0) + delta
+        if n:
+            self._syncs[address] = n
+            self._synced.setdefault(address, trio.Event())
+        else:
+            self._syncs.pop(address, None)
+            event = self._synced.pop(address, None)
+            if event is not None:
+                event.set()
+
+    def closed(self, db: ClusterDatabase) -> None:
+        if self._open.get(db.address) is db:
+            del self._open[db.address]
+
+    def opened_under(self, address: str) -> int | None:
+        """The epoch the actor's open database was opened under (None: not open)."""
+        db = self._open.get(address)
+        return None if db is None else db.epoch
 
     def _lease(self, class_name: str, name: str) -> tuple[str, int, int]:
         address = f"{class_name}/{name}"
@@ -172,6 +221,9 @@ class ClusterStorage:
     # -- StorageBackend -----------------------------------------------------------------
     async def ready(self, class_name: str, name: str) -> None:
         await self.files.ready(class_name, name)
+        address = f"{class_name}/{name}"
+        while (done := self._synced.get(address)) is not None:
+            await done.wait()  # a closed database's commit in flight: restore after its end
         address, _, epoch = self._lease(class_name, name)
         if self._restored.get(address) == epoch:
             return
@@ -212,11 +264,13 @@ class ClusterStorage:
             # An actor new to the cluster: its first image goes with its first sync.
             image = None if known else inner.conn.serialize()
             replica = Replica(self.store, address, partition)
-            replica.resume(inner.where, last)
+            replica.resume(inner.where, last, inner.wal_index_header)
         except BaseException:
             inner.close()
             raise
-        return ClusterDatabase(self, inner, address, partition, epoch, replica, image)
+        db = ClusterDatabase(self, inner, address, partition, epoch, replica, image)
+        self._open[address] = db
+        return db
 
     def exists(self, class_name: str, name: str) -> bool:
         return self.files.exists(class_name, name)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 WAL_HEADER_BYTES = 32
 FRAME_HEADER_BYTES = 24
@@ -50,27 +52,40 @@ class Frames:
 
 
 class LogReader:
-    """Reads one database's log as it grows. Keeps descriptors of ``-wal`` and ``-shm`` open
-    until ``close()``: never close a descriptor of a file SQLite locks while its connection is
-    open (that drops the process's locks), and -shm is locked. Open it after the connection."""
+    """Reads one database's log as it grows; open it once the connection has run a statement
+    (the log exists). ``index_header(n)`` reads the first ``n`` bytes of ``-shm``: pass the
+    host's (``FileDatabase.wal_index_header``), which reads through a descriptor kept beside
+    SQLite's. Without it the reader keeps a descriptor of ``-shm`` of its own, which must then
+    outlive every connection to the database: closing a descriptor of a file drops all of the
+    process's locks on it, SQLite's too. (SQLite locks nothing in ``-wal``: the reader's own
+    descriptor of it may close at any time.)"""
 
-    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        index_header: Callable[[int], bytes] | None = None,
+    ) -> None:
+        self._shm: int | None = None
         self._wal = os.open(f"{os.fspath(db_path)}-wal", os.O_RDONLY)
-        try:
-            self._shm = os.open(f"{os.fspath(db_path)}-shm", os.O_RDONLY)
-        except BaseException:
-            os.close(self._wal)
-            raise
+        if index_header is None:
+            try:
+                self._shm = shm = os.open(f"{os.fspath(db_path)}-shm", os.O_RDONLY)
+            except BaseException:
+                os.close(self._wal)
+                raise
+            index_header = partial(_pread_start, shm)
+        self._index_header = index_header
         self._salts: bytes | None = None  # the generation read so far
         self._next = 0  # the next frame of that generation to read
 
     def close(self) -> None:
         os.close(self._wal)
-        os.close(self._shm)
+        if self._shm is not None:
+            os.close(self._shm)
 
     def committed_frames(self) -> int:
         """``mxFrame``: how many frames of the current generation are committed."""
-        data = os.pread(self._shm, 2 * _INDEX_HEADER_BYTES, 0)
+        data = self._index_header(2 * _INDEX_HEADER_BYTES)
         if len(data) < 2 * _INDEX_HEADER_BYTES or data[:48] != data[48:96]:
             raise LogFormatError("the -shm index header is missing or torn")
         if data[12] != 1:  # isInit
@@ -108,6 +123,10 @@ class LogReader:
             raise LogFormatError("the last committed frame is not a commit frame")
         self._next = end
         return Frames(page_size, pages, restarted)
+
+
+def _pread_start(fd: int, size: int) -> bytes:
+    return os.pread(fd, size, 0)
 
 
 def apply(image: bytes, frames: Frames) -> bytes:

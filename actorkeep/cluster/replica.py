@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 
-from .frames import LogReader, apply, decode, encode
+from .frames import LogFormatError, LogReader, apply, decode, encode
 from .store import ClusterStore, Write
 
 
@@ -21,6 +22,7 @@ class Replica:
         self.partition = partition
         self._reader: LogReader | None = None
         self._seq = 0  # the last batch shipped
+        self._restart_expected = False
 
     def start(self, conn: sqlite3.Connection, path: str | os.PathLike[str], epoch: int) -> None:
         """Begin shipping ``conn``'s database. An actor the store knows nothing of gets its
@@ -31,12 +33,28 @@ class Replica:
         if not image and not frames:
             self._store.compact(self.partition, epoch, self.address, 0, conn.serialize())
 
-    def resume(self, path: str | os.PathLike[str], seq: int) -> None:
+    def resume(
+        self,
+        path: str | os.PathLike[str],
+        seq: int,
+        index_header: Callable[[int], bytes] | None = None,
+    ) -> None:
         """Begin shipping a database whose file holds what the store holds up to batch
-        ``seq`` (restored from it, or about to send its first image)."""
+        ``seq`` (restored from it, or about to send its first image). ``index_header``: see
+        ``LogReader``."""
         self._seq = seq
-        self._reader = LogReader(path)
-        self._reader.read()  # what the file already holds
+        reader = LogReader(path, index_header)
+        try:
+            reader.read()  # what the file already holds
+        except BaseException:
+            reader.close()
+            raise
+        self._reader = reader
+
+    def expect_restart(self) -> None:
+        """The log may start afresh before the next ship: everything before was shipped (the
+        host checkpoints only after a ship)."""
+        self._restart_expected = True
 
     def ship(self, epoch: int) -> Write | None:
         """The frames committed since the last ship, as a write for ``ClusterStore.commit``
@@ -45,6 +63,11 @@ class Replica:
         changed or its state is unknown, and the host drops the actor."""
         assert self._reader is not None, "start() first"
         frames = self._reader.read()
+        expected, self._restart_expected = self._restart_expected, False
+        if frames.restarted and not expected:
+            raise LogFormatError(
+                f"{self.address}: its log started afresh with frames never shipped"
+            )
         if not frames.pages:
             return None
         self._seq += 1

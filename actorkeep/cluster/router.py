@@ -20,9 +20,17 @@ class ClusterRouter:
         self.host = host
         self._storage = storage
 
-    def _check(self, address: str) -> None:
-        partition = partition_of(address, self._storage.store.partitions)
-        if self._storage.keeper.lease_for(partition) is None:
+    def _check(self, address: str, before: bool) -> None:
+        storage = self._storage
+        lease = storage.keeper.lease_for(partition_of(address, storage.store.partitions))
+        if lease is None:
+            raise NotServedHere(address)
+        opened = storage.opened_under(address)
+        # In memory from before the partition left this host and came back, what the actor
+        # holds may be stale: out of memory with it, and the event opens it afresh (restored
+        # from the store). If it is busy, or the epoch changed while the event ran: 503.
+        stale = opened is not None and opened != lease.epoch
+        if stale and not (before and self.host.evict(address)):
             raise NotServedHere(address)
 
     async def deliver(
@@ -34,9 +42,9 @@ class ClusterRouter:
         timeout: float | None,
     ) -> Response:
         address = f"{class_name}/{name}"
-        self._check(address)
+        self._check(address, before=True)
         resp = await self.host.deliver_here(class_name, name, request, chain, timeout)
-        self._check(address)  # the lease may have run out while the event ran
+        self._check(address, before=False)  # the lease may have run out while the event ran
         return resp
 
     async def call_rpc(
@@ -48,7 +56,7 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
-        self._check(address)
+        self._check(address, before=True)
         result = await self.host.call_rpc_here(caller, chain, address, method, args, timeout)
-        self._check(address)
+        self._check(address, before=False)
         return result

@@ -127,6 +127,10 @@ def _locked(method: F) -> F:
     @functools.wraps(method)
     def locked(self: ClusterStore, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if self._conn.broken and method.__name__ != "close":
+                # PostgreSQL restarted, failed over, or the network dropped the connection: a
+                # new one (what the old one had in flight failed, its outcome unknown).
+                self._conn = psycopg.connect(self._conninfo, autocommit=True)
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
@@ -166,6 +170,7 @@ class ClusterStore:
         if not host_id or len(host_id) > 200:
             raise ValueError("host_id must be 1 to 200 characters")
         self.host_id = host_id
+        self._conninfo = conninfo
         self._clock = clock
         self._lock = threading.RLock()
         self._conn = psycopg.connect(conninfo, autocommit=True)

@@ -400,6 +400,19 @@ class Host:
         return decode_reply(reply)
 
     # -- what the activations and the alarm scheduler ask of the host ---------------------
+    def evict(self, address: str) -> bool:
+        """Take the actor at ``address`` out of memory if it is idle (no event running or
+        waiting, no sync running or held): its database closes, and its next event opens it
+        afresh. Whether it is out of memory now."""
+        act = self.dispatcher.activations.get(address)
+        if act is None:
+            return True
+        busy = act.current is not None or act.inbox or (act.gate is not None and act.gate.busy)
+        if not act.parked or busy:
+            return False
+        self.dispatcher.activations.evict(act)
+        return True
+
     async def open_instance(self, act: Activation) -> Actor:
         """The actor's instance: its database opened and ``setup()`` run if need be."""
         return await self.dispatcher.open_instance(act)

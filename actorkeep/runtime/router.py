@@ -31,6 +31,8 @@ class Target(Protocol):
         timeout: float | None,
     ) -> Any: ...
 
+    def evict(self, address: str) -> bool: ...
+
 
 class Router(Protocol):
     """Takes a request or an ``@rpc`` call to the host that serves its address."""

@@ -16,7 +16,6 @@ it were never copied into the database, or whose file fails SQLite's ``quick_che
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sqlite3
 import struct
@@ -37,6 +36,7 @@ from .damage import (
     out_of_descriptors,
     read_address,
 )
+from .dirlock import DataDirInUse, lock_data_dir
 from .syncer import Syncer
 
 __all__ = [
@@ -190,20 +190,27 @@ class FileDatabase:
     def _log_bytes(self) -> int:
         """The bytes of the log's frames since it last started afresh (the file itself keeps
         its size), read off the shared wal-index header SQLite keeps in ``-shm``."""
-        with self._shm_lock:
-            if self._shm_fd is None:
-                if self._closed:
-                    return 0
-                try:
-                    self._shm_fd = os.open(f"{self.path}-shm", os.O_RDONLY)
-                except FileNotFoundError:
-                    return 0
-            header = os.pread(self._shm_fd, 24, 0)
+        header = self.wal_index_header(24)
         if len(header) < 24:
             return 0
         # In the machine's byte order: szPage (u16, 1 for 65536) at 14, mxFrame (u32) at 16.
         page, frames = struct.unpack_from("=HI", header, 14)
         return int(frames) * ((65536 if page == 1 else int(page)) + 24)
+
+    def wal_index_header(self, size: int = 96) -> bytes:
+        """The first ``size`` bytes of ``-shm`` (SQLite's wal-index: its header, twice), read
+        through the descriptor this database keeps; empty if there is none (yet, or closed).
+        Never open ``-shm`` yourself while the database is open: closing that descriptor would
+        drop SQLite's locks on it."""
+        with self._shm_lock:
+            if self._shm_fd is None:
+                if self._closed:
+                    return b""
+                try:
+                    self._shm_fd = os.open(f"{self.path}-shm", os.O_RDONLY)
+                except FileNotFoundError:
+                    return b""
+            return os.pread(self._shm_fd, size, 0)
 
     async def prepare_checkpoint(self) -> None:
         await self._run(self._prepare_checkpoint, "checkpoint, first step")
@@ -334,10 +341,6 @@ def _fsync_path(path: Path, data_only: bool = False) -> None:
         os.close(fd)
 
 
-class DataDirInUse(OSError):
-    """Another host holds the data directory."""
-
-
 class FileStorage:
     """The production backend: ``<root>/actors/<class>/<aa>/<bb>/<name>.sqlite``.
 
@@ -461,17 +464,8 @@ class FileStorage:
             await self.syncer.run(os.sync, "sync all")
 
     def _lock(self) -> None:
-        if self._lock_fd is not None:
-            return
-        fd = os.open(self.root / "host" / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DataDirInUse(
-                f"data directory {str(self.root)!r} is in use by another host"
-            ) from None
-        self._lock_fd = fd
+        if self._lock_fd is None:
+            self._lock_fd = lock_data_dir(self.root)
 
     def _open(self, path: Path, host_db: bool = False) -> FileDatabase:
         new_dirs: list[Path] = []
