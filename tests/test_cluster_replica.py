@@ -23,32 +23,41 @@ def put(conn: sqlite3.Connection, k: int, size: int = 100) -> None:
     conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (k, bytes([k % 256]) * size))
 
 
-def test_an_actor_is_restored_from_what_was_shipped(pg_conninfo: str, tmp_path: Path) -> None:
-    create(pg_conninfo, 16)
-    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+def shipping(
+    conninfo: str, tmp_path: Path
+) -> tuple[ClusterStore, int, int, sqlite3.Connection, Replica]:
+    """A cluster of 16 partitions, ``ADDRESS``'s leased by host "a", and its database shipped
+    from a first image: the store, the partition, the epoch, the connection, the replica."""
+    create(conninfo, 16)
+    store = ClusterStore(conninfo, "a", clock=time.monotonic)
     part = partition_of(ADDRESS, 16)
     lease = store.acquire(part, 30.0, 1.0)
     assert lease is not None
     conn = open_db(tmp_path / "a.sqlite")
     replica = Replica(store, ADDRESS, part)
-    replica.start(conn, tmp_path / "a.sqlite", lease.epoch)  # its first image
+    replica.start(conn, tmp_path / "a.sqlite", lease.epoch)
+    return store, part, lease.epoch, conn, replica
+
+
+def test_an_actor_is_restored_from_what_was_shipped(pg_conninfo: str, tmp_path: Path) -> None:
+    store, part, epoch, conn, replica = shipping(pg_conninfo, tmp_path)  # its first image
     assert restore(store, ADDRESS) == conn.serialize()
     for batch in range(5):
         for k in range(batch * 10, batch * 10 + 10):
             put(conn, k, 3000)
-        write = replica.ship(lease.epoch)
+        write = replica.ship(epoch)
         assert write is not None and write.seq == batch + 1
         store.commit([write])
         if batch == 2:  # a checkpoint, with the frames shipped first as the host must
-            assert replica.ship(lease.epoch) is None
+            assert replica.ship(epoch) is None
             replica.expect_restart()
             conn.execute("PRAGMA wal_checkpoint(RESTART)")
     assert restore(store, ADDRESS) == conn.serialize()
-    assert compact(store, ADDRESS, part, lease.epoch) == 5
+    assert compact(store, ADDRESS, part, epoch) == 5
     assert store.frames(ADDRESS) == []  # folded into the image
     assert restore(store, ADDRESS) == conn.serialize()
     put(conn, 999)
-    write = replica.ship(lease.epoch)
+    write = replica.ship(epoch)
     assert write is not None and write.seq == 6  # numbering goes on past the compaction
     store.commit([write])
     assert restore(store, ADDRESS) == conn.serialize()
@@ -121,19 +130,12 @@ def test_many_actors_commit_in_one_transaction(pg_conninfo: str, tmp_path: Path)
 def test_a_log_that_started_afresh_unshipped_is_refused(pg_conninfo: str, tmp_path: Path) -> None:
     """A checkpoint the replica was not told of (frames may have gone into the file unread)
     fails the next ship: the actor must be restored, not go on with a hole in its batches."""
-    create(pg_conninfo, 16)
-    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
-    part = partition_of(ADDRESS, 16)
-    lease = store.acquire(part, 30.0, 1.0)
-    assert lease is not None
-    conn = open_db(tmp_path / "a.sqlite")
-    replica = Replica(store, ADDRESS, part)
-    replica.start(conn, tmp_path / "a.sqlite", lease.epoch)
+    _, _, epoch, conn, replica = shipping(pg_conninfo, tmp_path)
     put(conn, 1)
     conn.execute("PRAGMA wal_checkpoint(RESTART)")
     put(conn, 2)
     with pytest.raises(LogFormatError, match="started afresh"):
-        replica.ship(lease.epoch)
+        replica.ship(epoch)
     replica.close()
     conn.close()
 
