@@ -85,6 +85,8 @@ def configure_logging(fmt: str) -> None:
 #: SQLite opens them, and the database and the index once more, as the host reads and syncs
 #: them (never closed before SQLite's, which would drop SQLite's locks: runtime/storage.py).
 FILES_PER_ACTOR = 5
+#: In a cluster, one more: the log reader's descriptor of the WAL (cluster/frames.py).
+CLUSTER_FILES_PER_ACTOR = FILES_PER_ACTOR + 1
 #: Descriptors kept for everything else: the host database and its lock, listeners, the
 #: interpreter's own, a WAL opened for an fsync, the files an app's code opens.
 FILES_RESERVED = 64
@@ -92,17 +94,22 @@ FILES_RESERVED = 64
 SOCKET_SHARE = 4
 
 
-def fit_open_files(max_active: int, max_connections: int, open_file_limit: int) -> tuple[int, int]:
+def fit_open_files(
+    max_active: int,
+    max_connections: int,
+    open_file_limit: int,
+    files_per_actor: int = FILES_PER_ACTOR,
+) -> tuple[int, int]:
     """``(max_active, max_connections)`` lowered so that actors in memory and client
     sockets together stay within ``open_file_limit`` descriptors (sockets and actors' files
     share it). Unchanged when they fit."""
     if open_file_limit == resource.RLIM_INFINITY:
         return max_active, max_connections
-    budget = max(open_file_limit - FILES_RESERVED, 2 * FILES_PER_ACTOR)
-    if max_active * FILES_PER_ACTOR + max_connections <= budget:
+    budget = max(open_file_limit - FILES_RESERVED, 2 * files_per_actor)
+    if max_active * files_per_actor + max_connections <= budget:
         return max_active, max_connections
     connections = max(1, min(max_connections, budget // SOCKET_SHARE))
-    active = max(1, min(max_active, (budget - connections) // FILES_PER_ACTOR))
+    active = max(1, min(max_active, (budget - connections) // files_per_actor))
     return active, connections
 
 
@@ -395,7 +402,10 @@ def main(argv: list[str] | None = None) -> None:
     # Past the open-file limit actors would fail to open and connections to be accepted:
     # evict actors and close waiting connections before that instead.
     open_file_limit = _raise_open_file_limit()
-    active, connections = fit_open_files(args.max_active, args.max_connections, open_file_limit)
+    per_actor = FILES_PER_ACTOR if cluster is None else CLUSTER_FILES_PER_ACTOR
+    active, connections = fit_open_files(
+        args.max_active, args.max_connections, open_file_limit, per_actor
+    )
     limited: dict[str, Any] = {}
     if (active, connections) != (args.max_active, args.max_connections):
         limited = {
@@ -403,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
             "max_active": f"{active} (asked {args.max_active})",
             "max_connections": f"{connections} (asked {args.max_connections})",
             "defaults_need": FILES_RESERVED
-            + p.get_default("max_active") * FILES_PER_ACTOR
+            + p.get_default("max_active") * per_actor
             + defaults.max_connections,
         }
         host_options["max_active"] = active

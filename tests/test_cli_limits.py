@@ -21,6 +21,11 @@ def test_actors_and_connections_are_lowered_to_what_the_open_file_limit_holds() 
     assert cli.fit_open_files(10_000, 1024, 2_048) == ((1984 - 496) // 5, 496)
     assert cli.fit_open_files(10_000, 1024, 256) == ((192 - 48) // 5, 48)
     assert cli.fit_open_files(10_000, 1024, 10) == (1, 2)
+    # A cluster host's actors hold one descriptor more (the log reader's).
+    assert cli.fit_open_files(1_000, 1024, 6_088, cli.CLUSTER_FILES_PER_ACTOR) == (
+        (6_088 - 64 - 1024) // 6,
+        1024,
+    )
     for limit in (100, 256, 1024, 2048, 20_000):
         active, connections = cli.fit_open_files(10_000, 1024, limit)
         assert active * cli.FILES_PER_ACTOR + connections + 64 <= max(limit, 74)

@@ -219,3 +219,26 @@ async def test_an_actor_in_memory_when_its_partition_left_and_came_back_is_resto
             await serving_all(a)
             assert (await call(ta, "get", key="x")).json() == "from b"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_host_serves_again_after_postgres_restarts(
+    pg_conninfo: str, postgres: Any, tmp_path: Path
+) -> None:
+    """PostgreSQL restarts under a running host: its leases run out meanwhile (503), then its
+    store connects again, takes its partitions back under new epochs, and serves what was
+    acknowledged before, restored from the store."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, router=lambda h: ClusterRouter(h, a)) as t:
+            assert (await call(t, "put", key="x", value="before")).status == 200
+            await trio.to_thread.run_sync(postgres.stop, "fast")
+            await trio.sleep(SETTINGS.ttl)  # the leases run out by the host's clock
+            assert (await t.request("POST", "/w/w/_rpc/get", json={"key": "x"})).status == 503
+            await trio.to_thread.run_sync(postgres.start)
+            await serving_all(a)
+            assert (await call(t, "get", key="x")).json() == "before"
+            assert (await call(t, "put", key="x", value="after")).status == 200
+            assert (await call(t, "get", key="x")).json() == "after"
+        nursery.cancel_scope.cancel()
