@@ -9,12 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 import actorkeep as ak
 import shards
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
-from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.backend import ClusterStorage, NotServedHere
 from actorkeep.cluster.router import ClusterRouter
 from actorkeep.testing import open_host
 
@@ -241,4 +242,86 @@ async def test_a_host_serves_again_after_postgres_restarts(
             assert (await call(t, "get", key="x")).json() == "before"
             assert (await call(t, "put", key="x", value="after")).status == 200
             assert (await call(t, "get", key="x")).json() == "after"
+        nursery.cancel_scope.cancel()
+
+
+async def opened(storage: ClusterStorage, name: str) -> Any:
+    """The database of ``counter/<name>`` as the host opens it: ``ready()``, then
+    ``open_actor``, with a table to write to."""
+    await storage.ready("counter", name)
+    db = storage.open_actor("counter", name)
+    db.conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+    return db
+
+
+async def test_after_a_failed_sync_a_database_syncs_no_more(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """A sync that failed may have left a batch out of the store: no later batch may land on
+    top of that hole. Every later sync of the database refuses; its next open restores what
+    the store has."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        db = await opened(a, "c")
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        await db.sync()
+        real = a.committer.commit
+
+        async def failing(write: Any) -> None:
+            raise OSError("injected: the store did not answer")
+
+        a.committer.commit = failing  # type: ignore[method-assign]
+        db.conn.execute("INSERT INTO t VALUES (2)")
+        with pytest.raises(OSError, match="injected"):
+            await db.checkpoint()  # a sync outside the gate, as a checkpoint makes
+        a.committer.commit = real  # type: ignore[method-assign]
+        db.conn.execute("INSERT INTO t VALUES (3)")
+        with pytest.raises(NotServedHere):
+            await db.sync()  # the store works again, but this database is done
+        db.close()
+        again = await opened(a, "c")
+        assert again.conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+        again.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_next_open_waits_for_the_commit_of_a_closed_database(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """An actor evicted while its last sync is still committing: its next open restores only
+    once that commit has ended, so the restore has what the commit acknowledges."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        db = await opened(a, "c")
+        real = a.committer.commit
+        go = trio.Event()
+
+        async def slow(write: Any) -> None:
+            await go.wait()
+            await real(write)
+
+        a.committer.commit = slow  # type: ignore[method-assign]
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        nursery.start_soon(db.sync)
+        await trio.sleep(0.05)  # the sync is committing...
+        db.close()  # ...when the actor leaves memory
+        reopened: list[Any] = []
+        done = trio.Event()
+
+        async def reopen() -> None:
+            reopened.append(await opened(a, "c"))
+            done.set()
+
+        nursery.start_soon(reopen)
+        await trio.sleep(0.2)
+        assert reopened == []  # waits for the commit
+        go.set()
+        with trio.fail_after(5):
+            await done.wait()
+        assert reopened[0].conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+        reopened[0].close()
         nursery.cancel_scope.cancel()
