@@ -71,6 +71,7 @@ class ClusterDatabase:
         self._image = image  # the first image of an actor new to the cluster, not sent yet
         self._one_at_a_time = trio.Lock()
         self._failed: BaseException | None = None
+        self.closed = trio.Event()
 
     @property
     def where(self) -> str:
@@ -129,9 +130,10 @@ class ClusterDatabase:
         # What was not shipped (plain writes since the last sync) is only in the local file,
         # and later frames could build on it: the actor's next open restores from the store.
         self._storage.forget(self.address)
-        self._storage.closed(self)
+        self._storage.database_closed(self)
         self._inner.close()
         self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
+        self.closed.set()
 
 
 class ClusterStorage:
@@ -201,7 +203,7 @@ class ClusterStorage:
             if event is not None:
                 event.set()
 
-    def closed(self, db: ClusterDatabase) -> None:
+    def database_closed(self, db: ClusterDatabase) -> None:
         if self._open.get(db.address) is db:
             del self._open[db.address]
 
@@ -220,8 +222,13 @@ class ClusterStorage:
 
     # -- StorageBackend -----------------------------------------------------------------
     async def ready(self, class_name: str, name: str) -> None:
-        await self.files.ready(class_name, name)
         address = f"{class_name}/{name}"
+        # An earlier activation's database still open (taken out of memory, its worker not
+        # ended yet): a restore must not replace the file under it, and its close must not
+        # take the new log with it. Wait for its close, then for the close's end.
+        while (old := self._open.get(address)) is not None:
+            await old.closed.wait()
+        await self.files.ready(class_name, name)
         while (done := self._synced.get(address)) is not None:
             await done.wait()  # a closed database's commit in flight: restore after its end
         address, _, epoch = self._lease(class_name, name)
