@@ -32,10 +32,9 @@ from ..errors import Overloaded
 from ..runtime.storage import FileDatabase, FileStorage
 from ..runtime.syncer import Syncer
 from .committer import Committer
-from .frames import apply, decode
 from .keeper import LeaseKeeper
 from .partitions import partition_of
-from .replica import Replica
+from .replica import Replica, held
 from .store import ClusterStore
 
 log = structlog.get_logger("actorkeep")
@@ -242,10 +241,8 @@ class ClusterStorage:
     def _restore(self, path: Path, address: str) -> tuple[int, bool]:
         """In a thread: the actor's file as the store holds it; the store's last batch of it,
         and whether the store holds anything of it."""
-        seq, image, batches = self.store.load(address)
-        last, known = (batches[-1][0] if batches else seq), bool(image or batches)
-        for _, data in batches:
-            image = apply(image, decode(data))
+        found = held(self.store, address)
+        last, known, image = found.last, found.known, found.image
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{path}{suffix}").unlink()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .frames import LogFormatError, LogReader, apply, decode, encode
 from .store import ClusterStore, Write
@@ -28,9 +29,9 @@ class Replica:
         """Begin shipping ``conn``'s database. An actor the store knows nothing of gets its
         image now (what the file holds, log included); one restored from the store goes on
         from its last batch."""
-        seq, image, frames = self._store.load(self.address)
-        self.resume(path, frames[-1][0] if frames else seq)
-        if not image and not frames:
+        found = held(self._store, self.address)
+        self.resume(path, found.last)
+        if not found.known:
             self._store.compact(self.partition, epoch, self.address, 0, conn.serialize())
 
     def resume(
@@ -79,22 +80,37 @@ class Replica:
             self._reader = None
 
 
-def restore(store: ClusterStore, address: str) -> bytes:
-    """The actor's database file as the cluster holds it: its image with every batch after it
-    laid over (empty if the cluster has nothing of it)."""
-    _, image, batches = store.load(address)
+@dataclass(frozen=True)
+class Held:
+    """What the cluster holds of an actor, put together: ``image``, its database file (the
+    stored image with every batch after it laid over; empty if none); ``last``, the last batch
+    in it; ``batches``, how many were laid over the stored image; ``known``, whether the
+    cluster holds anything of it."""
+
+    image: bytes
+    last: int
+    batches: int
+    known: bool
+
+
+def held(store: ClusterStore, address: str) -> Held:
+    """What the cluster holds of the actor at ``address`` (one snapshot of the store)."""
+    seq, image, batches = store.load(address)
+    known = bool(image or batches)
     for _, data in batches:
         image = apply(image, decode(data))
-    return image
+    return Held(image, batches[-1][0] if batches else seq, len(batches), known)
+
+
+def restore(store: ClusterStore, address: str) -> bytes:
+    """The actor's database file as the cluster holds it (empty if it holds nothing)."""
+    return held(store, address).image
 
 
 def compact(store: ClusterStore, address: str, partition: int, epoch: int) -> int:
     """Fold the actor's batches into its image (so that a restore reads one value); how many
     batches were folded. Fenced like a commit."""
-    _, image, batches = store.load(address)
-    if not batches:
-        return 0
-    for _, data in batches:
-        image = apply(image, decode(data))
-    store.compact(partition, epoch, address, batches[-1][0], image)
-    return len(batches)
+    found = held(store, address)
+    if found.batches:
+        store.compact(partition, epoch, address, found.last, found.image)
+    return found.batches

@@ -20,9 +20,12 @@ class ClusterRouter:
         self.host = host
         self._storage = storage
 
-    def _check(self, address: str, before: bool) -> None:
+    def _partition(self, address: str) -> int:
+        return partition_of(address, self._storage.store.partitions)
+
+    def _check(self, address: str, partition: int, before: bool) -> None:
         storage = self._storage
-        lease = storage.keeper.lease_for(partition_of(address, storage.store.partitions))
+        lease = storage.keeper.lease_for(partition)
         if lease is None:
             raise NotServedHere(address)
         opened = storage.opened_under(address)
@@ -42,9 +45,10 @@ class ClusterRouter:
         timeout: float | None,
     ) -> Response:
         address = f"{class_name}/{name}"
-        self._check(address, before=True)
+        partition = self._partition(address)
+        self._check(address, partition, before=True)
         resp = await self.host.deliver_here(class_name, name, request, chain, timeout)
-        self._check(address, before=False)  # the lease may have run out while the event ran
+        self._check(address, partition, before=False)  # the lease may have run out meanwhile
         return resp
 
     async def call_rpc(
@@ -56,7 +60,8 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
-        self._check(address, before=True)
+        partition = self._partition(address)
+        self._check(address, partition, before=True)
         result = await self.host.call_rpc_here(caller, chain, address, method, args, timeout)
-        self._check(address, before=False)
+        self._check(address, partition, before=False)
         return result

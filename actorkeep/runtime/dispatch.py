@@ -336,23 +336,20 @@ class Dispatcher:
     async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
         try:
             inst = await self.open_instance(act)
-        except Overloaded as exc:
-            # The storage cannot open the actor here now (in a cluster: another host serves
-            # its partition, or none yet). Nothing of the event ran: the caller may try again.
+        except Exception as exc:
+            # Overloaded: the storage cannot open the actor here now (in a cluster: another
+            # host serves its partition, or none yet). Out of descriptors, likewise for now.
+            busy = exc if isinstance(exc, Overloaded) else None
+            if busy is None and out_of_descriptors(exc, closing=self.host.storage.closing > 0):
+                self.failures.out_of_descriptors(act.address)
+                busy = Overloaded("the host is out of file descriptors for now", retry_after=1.0)
+            if busy is None:
+                return self._event_failed(act, ev, exc)
+            # Nothing of the event ran: the caller may try again, as for any overload.
             with contextlib.suppress(Exception):
                 act.rollback()
             act.discard_instance()
-            return outcome.Error(exc)
-        except Exception as exc:
-            if out_of_descriptors(exc, closing=self.host.storage.closing > 0):
-                # Nothing of the event ran: the caller may try again, as for any overload.
-                self.failures.out_of_descriptors(act.address)
-                with contextlib.suppress(Exception):
-                    act.rollback()
-                act.discard_instance()
-                busy = Overloaded("the host is out of file descriptors for now", retry_after=1.0)
-                return outcome.Error(busy)
-            return self._event_failed(act, ev, exc)
+            return outcome.Error(busy)
         try:
             return outcome.Value(
                 ev.response(
