@@ -156,13 +156,12 @@ async def serve(
     if cluster is None:
         host = Host(app, FileStorage(data), **host_options)
         beside_host = None
-    else:  # the leases and group commits run beside the host, and outlive it
-        from .cluster.router import ClusterRouter
-        from .cluster.serving import open_cluster
+    else:  # the leases, group commits and internal port run beside the host, and outlive it
+        from .cluster.serving import open_cluster_node
 
-        storage = open_cluster(data, cluster)  # SystemExit with one line if it cannot
-        host = Host(app, storage, router=lambda h: ClusterRouter(h, storage), **host_options)
-        beside_host = storage.run
+        node = await open_cluster_node(data, cluster)  # SystemExit with one line if it cannot
+        host = Host(app, node.storage, router=node.router, **host_options)
+        beside_host = node.run
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
@@ -186,7 +185,11 @@ async def serve(
                     pid=os.getpid(),
                     max_active=host.max_active,
                     max_connections=limits.max_connections,
-                    **({} if cluster is None else {"cluster_partitions": cluster.partitions}),
+                    **(
+                        {}
+                        if cluster is None
+                        else {"cluster_partitions": cluster.partitions, "internal": node.address}
+                    ),
                 )
             beside.cancel_scope.cancel()  # a planned stop: the partitions are handed over
     log.info("stopped")
@@ -267,7 +270,11 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
     except ImportError as exc:  # psycopg, the cluster extra
         raise ValueError(f"--cluster needs the cluster extra ({exc})") from None
     lease = LeaseSettings(ttl=args.lease_ttl, margin=args.lease_margin)
-    return ClusterOptions(args.cluster, args.partitions, lease)
+    host, sep, port = args.internal.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--internal wants HOST:PORT, got {args.internal!r}")
+    internal = (host.strip("[]"), int(port))
+    return ClusterOptions(args.cluster, args.partitions, lease, internal, args.advertise)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -338,6 +345,18 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=1.0,
         help="seconds before a lease ends at which the host stops serving its partition (1)",
+    )
+    p.add_argument(
+        "--internal",
+        metavar="HOST:PORT",
+        default="127.0.0.1:0",
+        help="where this cluster host listens for the others' calls (127.0.0.1:0: loopback, "
+        "a free port; use a private network's address between machines)",
+    )
+    p.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="the address the other hosts dial for --internal (its bound address by default)",
     )
     q = sub.add_parser(
         "quarantine",

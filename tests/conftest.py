@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -36,9 +37,9 @@ def postgres() -> Iterator[Server]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def pg_conninfo(postgres: Server) -> Iterator[str]:
-    """A fresh database on the session's server for one test; its conninfo."""
+@contextlib.contextmanager
+def fresh_database(postgres: Server) -> Iterator[str]:
+    """A new database on ``postgres``, dropped after; its conninfo."""
     import psycopg  # the cluster's extra (pyproject.toml), only for the tests that use it
     from psycopg import sql
 
@@ -48,3 +49,17 @@ def pg_conninfo(postgres: Server) -> Iterator[str]:
     yield postgres.conninfo.replace("dbname=postgres", f"dbname={name}")
     with psycopg.connect(postgres.conninfo, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg_conninfo(postgres: Server) -> Iterator[str]:
+    """A fresh database on the session's server for one test; its conninfo."""
+    with fresh_database(postgres) as conninfo:
+        yield conninfo
+
+
+@pytest.fixture(scope="module")
+def pg_module_conninfo(postgres: Server) -> Iterator[str]:
+    """A fresh database on the session's server for the tests of one module."""
+    with fresh_database(postgres) as conninfo:
+        yield conninfo

@@ -5,7 +5,9 @@ Each ``tick()`` (the host calls it every ``ttl / 3`` seconds, from a sync thread
 blocks) renews what the host holds and records that it is alive; then, from what PostgreSQL says
 of the live hosts, the host keeps its fair share: it gives up partitions above the share
 (another host takes them at once) and takes free or expired ones below it. ``lease_for`` is
-what the host asks before it serves an actor: a lease good by its own clock, or None.
+what the host asks before it serves an actor: a lease good by its own clock, or None; and
+``owner_of`` where to send an event for a partition held elsewhere (the owners as PostgreSQL had
+them at the last tick, or at the last ``refresh_owners``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class LeaseKeeper:
         self.settings = settings
         self._clock = clock
         self._held: dict[int, Lease] = {}
+        self._owners: dict[int, tuple[str, str | None]] = {}
+        #: This host's internal port (``host:port``) as the others reach it; None: none yet.
+        self.address: str | None = None
 
     @property
     def held(self) -> dict[int, Lease]:
@@ -58,21 +63,35 @@ class LeaseKeeper:
         lease = self._held.get(partition)
         return lease if lease is not None and self._clock() < lease.until else None
 
+    def owner_of(self, partition: int) -> str | None:
+        """The internal address of the other host that owns ``partition``, as last read; None
+        if nobody does, this host does, or the owner gave no address."""
+        owner = self._owners.get(partition)
+        if owner is None or owner[0] == self._store.host_id:
+            return None
+        return owner[1]
+
+    def refresh_owners(self) -> None:
+        """Read the owners again (an event went to a host that no longer owns its partition)."""
+        self._owners = self._store.owners()
+
     def tick(self) -> None:
-        """Renew, say this host is alive, then give up or take partitions toward the share."""
+        """Renew, say this host is alive, then give up or take partitions toward the share;
+        read who owns the rest."""
         s = self.settings
         renewed = self._store.renew(list(self._held.values()), s.ttl, s.margin)
         self._held = {lease.partition: lease for lease in renewed}
-        live = self._store.heartbeat(s.ttl)
+        live = self._store.heartbeat(s.ttl, self.address)
         share = math.ceil(self._store.partitions / max(1, live))
         if len(self._held) > share:
             extra = sorted(self._held)[share:]
             self._store.release([self._held.pop(p) for p in extra])
-            return
-        for partition in self._store.free_partitions(share - len(self._held)):
-            lease = self._store.acquire(partition, s.ttl, s.margin)
-            if lease is not None:
-                self._held[partition] = lease
+        else:
+            for partition in self._store.free_partitions(share - len(self._held)):
+                lease = self._store.acquire(partition, s.ttl, s.margin)
+                if lease is not None:
+                    self._held[partition] = lease
+        self._owners = self._store.owners()
 
     def release_all(self) -> None:
         """A planned shutdown: every partition goes at once, to whoever takes it next."""

@@ -1,34 +1,62 @@
-"""The router of a cluster host (decision 0016): it serves an address only while it holds the
-address's partition by its own clock, before the event and again before the reply leaves, so
-that no answer leaves a host after its lease ran out. What it does not serve gets 503 with
-Retry-After (``NotServedHere``); forwarding to the owner is not built yet."""
+"""The router of a cluster host (decisions 0016 and 0017). An event for an actor whose
+partition this host holds runs here, checked against the lease by the host's own clock before
+the event and again before the reply leaves, so that no answer leaves a host after its lease ran
+out. An event for an actor owned elsewhere goes to the owner's internal port (``peers.py``), one
+hop, with its caller and call chain. While nobody serves the partition (a failover, a
+handover), or the owner says it no longer holds it, the router reads the owners again and
+tries until the call's deadline (``retry_for`` when it has none), then answers 503 with
+Retry-After (``NotServedHere``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import trio
+
+from ..errors import HostClosed
 from ..http import Request, Response
 from ..runtime.router import Target
 from .backend import ClusterStorage, NotServedHere
 from .partitions import partition_of
+from .peers import Elsewhere, Peers, Unreachable
+
+T = TypeVar("T")
+
+#: How often at most the router reads the owners again while it waits for one.
+REFRESH_EVERY = 0.1
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.02, 0.25
 
 
 class ClusterRouter:
-    """``Host(..., router=lambda host: ClusterRouter(host, storage))``."""
+    """``Host(..., router=lambda host: ClusterRouter(host, storage, peers))``; without
+    ``peers`` the host serves only what it owns (503 for the rest)."""
 
-    def __init__(self, host: Target, storage: ClusterStorage) -> None:
+    def __init__(
+        self,
+        host: Target,
+        storage: ClusterStorage,
+        peers: Peers | None = None,
+        retry_for: float | None = None,
+    ) -> None:
         self.host = host
         self._storage = storage
+        self._keeper = storage.keeper
+        self._peers = peers
+        #: How long a call without a deadline waits for its partition's owner.
+        self.retry_for = 2 * storage.keeper.settings.ttl if retry_for is None else retry_for
+        self._refreshed = -float("inf")
+        self._refreshing = trio.Lock()
 
     def _partition(self, address: str) -> int:
         return partition_of(address, self._storage.store.partitions)
 
     def _check(self, address: str, partition: int, before: bool) -> None:
-        storage = self._storage
-        lease = storage.keeper.lease_for(partition)
+        lease = self._keeper.lease_for(partition)
         if lease is None:
-            raise NotServedHere(address)
-        opened = storage.opened_under(address)
+            raise Elsewhere(address) if before else NotServedHere(address)
+        opened = self._storage.opened_under(address)
         # In memory from before the partition left this host and came back, what the actor
         # holds may be stale: out of memory with it, and the event opens it afresh (restored
         # from the store). If it is busy, or the epoch changed while the event ran: 503.
@@ -36,6 +64,48 @@ class ClusterRouter:
         if stale and not (before and self.host.evict(address)):
             raise NotServedHere(address)
 
+    async def _refresh_owners(self) -> None:
+        async with self._refreshing:  # callers waiting at once share one read
+            if trio.current_time() - self._refreshed < REFRESH_EVERY:
+                return
+            # The store unreachable: the next tick or retry reads them.
+            with contextlib.suppress(Exception):
+                await self._storage.in_thread(self._keeper.refresh_owners)
+            self._refreshed = trio.current_time()
+
+    async def _route(
+        self,
+        address: str,
+        timeout: float | None,
+        here: Callable[[], Awaitable[T]],
+        there: Callable[[str, float | None], Awaitable[T]],
+    ) -> T:
+        partition = self._partition(address)
+        start = trio.current_time()
+        end = start + (self.retry_for if timeout is None else timeout)
+        pause = _FIRST_PAUSE
+        while True:
+            if self._keeper.lease_for(partition) is not None:
+                try:
+                    return await here()
+                except Elsewhere:  # the lease ran out just now
+                    pass
+            else:
+                peer = self._keeper.owner_of(partition)
+                if peer is not None and self._peers is not None:
+                    left = None if timeout is None else end - trio.current_time()
+                    if left is None or left > 0:
+                        try:
+                            return await there(peer, left)
+                        except (Elsewhere, Unreachable, HostClosed):
+                            pass  # it moved, the owner died, or it is stopping: look again
+            if trio.current_time() + pause > end:
+                raise NotServedHere(address)
+            await trio.sleep(pause)
+            pause = min(2 * pause, _LONGEST_PAUSE)
+            await self._refresh_owners()
+
+    # -- what the host calls: anywhere in the cluster -------------------------------------
     async def deliver(
         self,
         class_name: str,
@@ -44,12 +114,14 @@ class ClusterRouter:
         chain: tuple[str, ...],
         timeout: float | None,
     ) -> Response:
-        address = f"{class_name}/{name}"
-        partition = self._partition(address)
-        self._check(address, partition, before=True)
-        resp = await self.host.deliver_here(class_name, name, request, chain, timeout)
-        self._check(address, partition, before=False)  # the lease may have run out meanwhile
-        return resp
+        async def here() -> Response:
+            return await self.deliver_local(class_name, name, request, chain, timeout)
+
+        async def there(peer: str, left: float | None) -> Response:
+            assert self._peers is not None
+            return await self._peers.deliver(peer, class_name, name, request, chain, left)
+
+        return await self._route(f"{class_name}/{name}", timeout, here, there)
 
     async def call_rpc(
         self,
@@ -60,6 +132,42 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
+        async def here() -> Any:
+            return await self.call_rpc_local(caller, chain, address, method, args, timeout)
+
+        async def there(peer: str, left: float | None) -> Any:
+            assert self._peers is not None
+            return await self._peers.call_rpc(peer, caller, chain, address, method, args, left)
+
+        return await self._route(address, timeout, here, there)
+
+    # -- what the other hosts call: only what this host owns ------------------------------
+    async def deliver_local(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        """The event on this host if it owns the actor's partition; ``Elsewhere`` if not."""
+        address = f"{class_name}/{name}"
+        partition = self._partition(address)
+        self._check(address, partition, before=True)
+        resp = await self.host.deliver_here(class_name, name, request, chain, timeout)
+        self._check(address, partition, before=False)  # the lease may have run out meanwhile
+        return resp
+
+    async def call_rpc_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        """The rpc on this host if it owns the actor's partition; ``Elsewhere`` if not."""
         partition = self._partition(address)
         self._check(address, partition, before=True)
         result = await self.host.call_rpc_here(caller, chain, address, method, args, timeout)

@@ -1,9 +1,11 @@
 """What the cluster keeps in PostgreSQL, and the only statements that change it (decision 0016).
 
-- ``actorkeep_cluster``: the partition count, fixed when the cluster is created.
+- ``actorkeep_cluster``: the partition count, fixed when the cluster is created, and the secret
+  the hosts sign their internal calls with (``cluster/peerwire.py``).
 - ``actorkeep_leases``: a row per partition: its owner, its epoch (grows at every takeover) and
   when the lease expires, by PostgreSQL's clock.
-- ``actorkeep_hosts``: when each host incarnation last said it was alive, by PostgreSQL's clock.
+- ``actorkeep_hosts``: when each host incarnation last said it was alive, by PostgreSQL's clock,
+  and where its internal port is.
 - ``actorkeep_images``: an image of an actor's database file, with the ``seq`` of the last
   frames folded into it (``compact``).
 - ``actorkeep_frames``: the actors' durable writes after their image, each tagged with the
@@ -19,6 +21,7 @@ it from its sync threads, as it does fsyncs.
 from __future__ import annotations
 
 import functools
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +32,9 @@ import psycopg
 from ..hashing import fnv1a64
 from .partitions import check_partitions
 
+#: Bytes of the cluster's secret, drawn when it is created.
+SECRET_BYTES = 32
+
 #: Serialises concurrent ``create`` calls (any constant the cluster owns).
 _CREATE_LOCK = 0x616B_636C
 
@@ -36,6 +42,7 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS actorkeep_cluster (
         id integer PRIMARY KEY CHECK (id = 0),
         partitions integer NOT NULL,
+        secret bytea NOT NULL,
         created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
     """CREATE TABLE IF NOT EXISTS actorkeep_leases (
         partition integer PRIMARY KEY,
@@ -44,7 +51,8 @@ _SCHEMA = (
         expires_at timestamptz)""",
     """CREATE TABLE IF NOT EXISTS actorkeep_hosts (
         host_id text PRIMARY KEY,
-        seen_at timestamptz NOT NULL)""",
+        seen_at timestamptz NOT NULL,
+        address text)""",
     """CREATE TABLE IF NOT EXISTS actorkeep_images (
         address text PRIMARY KEY,
         partition integer NOT NULL,
@@ -145,8 +153,9 @@ def create(conninfo: str, partitions: int) -> None:
         for statement in _SCHEMA:
             conn.execute(statement)
         conn.execute(
-            "INSERT INTO actorkeep_cluster (id, partitions) VALUES (0, %s) ON CONFLICT DO NOTHING",
-            (partitions,),
+            "INSERT INTO actorkeep_cluster (id, partitions, secret) VALUES (0, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (partitions, secrets.token_bytes(SECRET_BYTES)),
         )
         row = conn.execute("SELECT partitions FROM actorkeep_cluster").fetchone()
         assert row is not None
@@ -175,13 +184,16 @@ class ClusterStore:
         self._lock = threading.RLock()
         self._conn = psycopg.connect(conninfo, autocommit=True)
         try:
-            row = self._conn.execute("SELECT partitions FROM actorkeep_cluster").fetchone()
+            row = self._conn.execute("SELECT partitions, secret FROM actorkeep_cluster").fetchone()
         except psycopg.errors.UndefinedTable:
             row = None
         if row is None:
             self._conn.close()
             raise ClusterMismatch("no cluster in this database (create it first)")
         self.partitions: int = row[0]
+        #: What the hosts sign their internal calls with: whoever can read it can also write
+        #: the actors' frames, so it is kept where they are.
+        self.secret: bytes = bytes(row[1])
 
     @_locked
     def close(self) -> None:
@@ -221,14 +233,16 @@ class ClusterStore:
         return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=_partition)
 
     @_locked
-    def heartbeat(self, ttl: float) -> int:
-        """Record that this host is alive; how many hosts are (seen within ``ttl``)."""
+    def heartbeat(self, ttl: float, address: str | None = None) -> int:
+        """Record that this host is alive, and where its internal port is (``host:port``);
+        how many hosts are alive (seen within ``ttl``)."""
         row = self._conn.execute(
-            "WITH seen AS (INSERT INTO actorkeep_hosts VALUES (%s, clock_timestamp()) "
-            "ON CONFLICT (host_id) DO UPDATE SET seen_at = excluded.seen_at) "
+            "WITH seen AS (INSERT INTO actorkeep_hosts VALUES (%s, clock_timestamp(), %s) "
+            "ON CONFLICT (host_id) DO UPDATE SET seen_at = excluded.seen_at, "
+            "address = excluded.address) "
             "SELECT count(*) + 1 FROM actorkeep_hosts WHERE host_id <> %s "
             "AND seen_at > clock_timestamp() - make_interval(secs => %s)",
-            (self.host_id, self.host_id, ttl),
+            (self.host_id, address, self.host_id, ttl),
         ).fetchone()
         assert row is not None
         return int(row[0])
@@ -335,6 +349,17 @@ class ClusterStore:
             (address, after),
         ).fetchall()
         return [(seq, bytes(data)) for seq, data in rows]
+
+    @_locked
+    def owners(self) -> dict[int, tuple[str, str | None]]:
+        """``{partition: (owner, its internal address)}`` of every lease not expired by
+        PostgreSQL's clock (the address is None if the owner never gave one)."""
+        rows = self._conn.execute(
+            "SELECT l.partition, l.owner, h.address FROM actorkeep_leases l "
+            "LEFT JOIN actorkeep_hosts h ON h.host_id = l.owner "
+            "WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()"
+        ).fetchall()
+        return {int(p): (owner, address) for p, owner, address in rows}
 
     @_locked
     def lease_of(self, partition: int) -> tuple[str | None, int]:

@@ -1,0 +1,151 @@
+"""The hosts' internal connections (decision 0017): authenticated by the cluster's secret, every
+frame signed, in order, never replayed.
+
+A connection starts with a handshake. The dialing host sends ``MAGIC`` and a fresh nonce; the
+listening host answers with its own nonce and ``HMAC(secret, "server" | both nonces)``; the
+dialer checks it and proves itself with ``HMAC(secret, "client" | both nonces)``. Both then sign
+with a session key, ``HMAC(secret, "session" | both nonces)``, new for every connection. A frame
+is its length (4 bytes), a msgpack value, and ``HMAC(key, direction | frame number | length |
+value)``: a frame changed, cut, reordered, replayed from another connection or reflected back
+to its sender fails its check, and the connection is closed. Frames are not encrypted: the
+internal port belongs on a private network (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import struct
+from hashlib import sha256
+from typing import Any, Final
+
+import msgpack
+import trio
+
+from .. import codec
+
+MAGIC: Final = b"AKP1"
+NONCE: Final = 16
+MAC: Final = 32
+#: The largest frame either side sends or takes (a call's body and arguments, its reply).
+MAX_FRAME: Final = 64 * 1024 * 1024
+#: How long a dialed or accepted connection may take to prove itself.
+HANDSHAKE_TIMEOUT: Final = 5.0
+
+_LENGTH = struct.Struct(">I")
+_NUMBERED = struct.Struct(">cQI")  # direction, frame number, length
+
+
+class PeerRefused(Exception):
+    """The other side failed to prove it knows the cluster's secret, or sent a frame that
+    fails its check: the connection is closed."""
+
+
+class FrameTooLarge(ValueError):
+    """A frame past ``MAX_FRAME`` (nothing of it was sent)."""
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.digest(key, b"".join(parts), sha256)
+
+
+class _Reader:
+    """Exact reads from a stream (``trio.EndOfChannel`` if it ends first)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def exactly(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
+            if not chunk:
+                raise trio.EndOfChannel("the peer closed the connection")
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+
+class Channel:
+    """One authenticated connection: ``send`` and ``receive`` msgpack values.
+
+    ``send`` may be called from several tasks (one frame at a time goes out); ``receive``
+    from one task only.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, reader: _Reader, key: bytes, *, dialer: bool
+    ) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._base = hmac.new(key, digestmod=sha256)
+        self._out_dir, self._in_dir = (b"c", b"s") if dialer else (b"s", b"c")
+        self._sent = 0
+        self._received = 0
+        self._send_lock = trio.Lock()
+
+    def _sign(self, direction: bytes, number: int, body: bytes) -> bytes:
+        h = self._base.copy()
+        h.update(_NUMBERED.pack(direction, number, len(body)))
+        h.update(body)
+        return h.digest()
+
+    async def send(self, value: Any) -> None:
+        body = codec.pack(value)
+        if len(body) > MAX_FRAME:
+            raise FrameTooLarge(f"a frame of {len(body)} bytes (at most {MAX_FRAME})")
+        async with self._send_lock:
+            number = self._sent
+            self._sent += 1
+            mac = self._sign(self._out_dir, number, body)
+            await self._stream.send_all(b"".join((_LENGTH.pack(len(body)), body, mac)))
+
+    async def receive(self) -> Any:
+        """The next value (``trio.EndOfChannel`` once the peer closed; ``PeerRefused`` for a
+        frame that fails its check)."""
+        (length,) = _LENGTH.unpack(await self._reader.exactly(_LENGTH.size))
+        if length > MAX_FRAME:
+            raise PeerRefused(f"a frame of {length} bytes (at most {MAX_FRAME})")
+        body = await self._reader.exactly(length)
+        mac = await self._reader.exactly(MAC)
+        if not hmac.compare_digest(mac, self._sign(self._in_dir, self._received, body)):
+            raise PeerRefused("a frame failed its signature check")
+        self._received += 1
+        try:
+            return codec.unpack(body)
+        except (ValueError, msgpack.ExtraData) as exc:  # signed, yet not msgpack: a bug there
+            raise PeerRefused(f"a frame is not msgpack: {exc}") from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+async def dial(stream: trio.abc.Stream, secret: bytes) -> Channel:
+    """The dialing side's handshake on a new connection (``PeerRefused``, ``trio.TooSlowError``)."""
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        reader = _Reader(stream)
+        mine = secrets.token_bytes(NONCE)
+        await stream.send_all(MAGIC + mine)
+        theirs = await reader.exactly(NONCE)
+        proof = await reader.exactly(MAC)
+        if not hmac.compare_digest(proof, _mac(secret, b"server", mine, theirs)):
+            raise PeerRefused("the listening host does not know the cluster's secret")
+        await stream.send_all(_mac(secret, b"client", mine, theirs))
+        return Channel(stream, reader, _mac(secret, b"session", mine, theirs), dialer=True)
+
+
+async def accept(stream: trio.abc.Stream, secret: bytes) -> Channel:
+    """The listening side's handshake (``PeerRefused``, ``trio.TooSlowError``,
+    ``trio.EndOfChannel``)."""
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        reader = _Reader(stream)
+        hello = await reader.exactly(len(MAGIC) + NONCE)
+        if hello[: len(MAGIC)] != MAGIC:
+            raise PeerRefused("not an actorkeep host")
+        theirs, mine = hello[len(MAGIC) :], secrets.token_bytes(NONCE)
+        await stream.send_all(mine + _mac(secret, b"server", theirs, mine))
+        proof = await reader.exactly(MAC)
+        if not hmac.compare_digest(proof, _mac(secret, b"client", theirs, mine)):
+            raise PeerRefused("the dialing host does not know the cluster's secret")
+        return Channel(stream, reader, _mac(secret, b"session", theirs, mine), dialer=False)

@@ -1,0 +1,251 @@
+"""The hosts' internal port (actorkeep/cluster/peers.py, peerwire.py) over real loopback
+sockets: only a host that knows the cluster's secret is heard, a frame changed, replayed or
+reflected closes the connection before anything runs, a peer's bad request is refused without
+disturbing the others, and errors cross with their kind (the owner moved, a timeout, an outcome
+unknown)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from actorkeep.cluster import peerwire
+from actorkeep.cluster.peers import Elsewhere, OutcomeUnknown, Peers, Unreachable, serve_peers
+from actorkeep.errors import BadRequest, CallTimeout, Forbidden, Overloaded, RemoteError
+from actorkeep.http import Headers, Request, Response
+
+SECRET = b"s" * 32
+
+
+class FakeLocal:
+    """Owns every actor but ``gone/*``; records what it ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[Any, ...]] = []
+        self.release = trio.Event()
+        self.reached = trio.Event()
+
+    async def deliver_local(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        self.ran.append(("http", class_name, name, request.caller, chain, dict(request.headers)))
+        return Response(201, {"x-answer": "yes"}, request.body[::-1])
+
+    async def call_rpc_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        self.ran.append(("rpc", caller, chain, address, method, args, timeout))
+        self.reached.set()
+        if address.startswith("gone/"):
+            raise Elsewhere(address)
+        if method == "forbid":
+            raise Forbidden("not you")
+        if method == "busy":
+            raise Overloaded("busy", retry_after=2.5)
+        if method == "wait":
+            await self.release.wait()
+        if method == "crash":
+            raise ZeroDivisionError("a bug")
+        return {"echo": args, "caller": caller}
+
+
+class Recording(trio.abc.Stream):
+    """A stream that keeps what was sent on it, and can change one byte of a later send."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.sent: list[bytes] = []
+        self.flip_next = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        data = bytes(data)
+        if self.flip_next:
+            self.flip_next = False
+            data = data[:-40] + bytes([data[-40] ^ 1]) + data[-39:]
+        self.sent.append(data)
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.fixture
+async def port(nursery: trio.Nursery) -> tuple[int, FakeLocal]:
+    local = FakeLocal()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    await nursery.start(serve_peers, listeners, SECRET, local)
+    return listeners[0].socket.getsockname()[1], local
+
+
+async def peers(nursery: trio.Nursery, secret: bytes = SECRET) -> Peers:
+    p = Peers(secret)
+    await nursery.start(p.run)
+    return p
+
+
+async def test_calls_and_requests_cross_with_caller_and_chain(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    got = await p.call_rpc(peer, "a/x", ("a/x",), "b/y", "m", {"k": [1, b"2"]}, 5.0)
+    assert got == {"echo": {"k": [1, b"2"]}, "caller": "a/x"}
+    assert local.ran[-1] == ("rpc", "a/x", ("a/x",), "b/y", "m", {"k": [1, b"2"]}, 5.0)
+    req = Request("POST", "/p", {"q": "1"}, Headers({"x-actorkeep-caller": "a/x"}), b"abc", "a/x")
+    resp = await p.deliver(peer, "b", "y", req, ("a/x",), None)
+    assert (resp.status, resp.headers["x-answer"], resp.body) == (201, "yes", b"cba")
+    ran: tuple[Any, ...] = local.ran[-1]
+    assert ran == ("http", "b", "y", "a/x", ("a/x",), {"x-actorkeep-caller": "a/x"})
+    # Many calls at once share one connection, each answered on its own.
+    async with trio.open_nursery() as many:
+        for i in range(50):
+            many.start_soon(p.call_rpc, peer, "a/x", (), f"b/{i}", "m", {}, None)
+    assert len(local.ran) == 52
+
+
+async def test_errors_cross_with_their_kind(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, _ = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    with pytest.raises(Elsewhere):
+        await p.call_rpc(peer, "a/x", (), "gone/y", "m", {}, None)
+    with pytest.raises(Forbidden):
+        await p.call_rpc(peer, "a/x", (), "b/y", "forbid", {}, None)
+    with pytest.raises(Overloaded) as busy:
+        await p.call_rpc(peer, "a/x", (), "b/y", "busy", {}, None)
+    assert busy.value.retry_after == 2.5 and not isinstance(busy.value, Elsewhere)
+    with pytest.raises(RemoteError) as crash:  # a bug there: no internals cross
+        await p.call_rpc(peer, "a/x", (), "b/y", "crash", {}, None)
+    assert (crash.value.status, crash.value.message) == (500, "the owner host failed the call")
+    with pytest.raises(CallTimeout):  # the callee never answers: the caller's deadline
+        await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, 0.5)
+    with pytest.raises(Unreachable):  # nothing listens there: nothing was sent
+        await p.call_rpc("127.0.0.1:1", "a/x", (), "b/y", "m", {}, None)
+
+
+async def test_a_peers_bad_requests_are_refused_and_the_connection_goes_on(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    bad: list[Any]
+    for bad in (
+        ["rpc", "a/x", "not a list", "b/y", "m", {}, None],
+        ["rpc", "a/x", [], "no-slash", "m", {}, None],
+        ["rpc", "a/x", [], "b/y", "m", [], None],
+        ["rpc", "a/x", [], "b/y", "m", {}, -1],
+        ["http", "b", "y", "GET", "/", {}, {"h": 1}, b"", None, [], None],
+        ["http", "b", "y", "GET", "/", {}, {}, "text", None, [], None],
+        ["nope"],
+    ):
+        with pytest.raises(BadRequest):
+            await p.call(peer, bad, None, "b/y")
+    assert local.ran == []
+    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+
+
+async def test_only_a_host_with_the_secret_is_heard(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, local = port
+    stranger = await peers(nursery, secret=b"t" * 32)
+    with pytest.raises(Unreachable, match="refused"):
+        await stranger.call_rpc(f"127.0.0.1:{number}", "a/x", (), "b/y", "m", {}, None)
+    # A client that speaks no handshake at all is closed, and nothing ran.
+    stream = await trio.open_tcp_stream("127.0.0.1", number)
+    await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await stream.receive_some() == b""
+    assert local.ran == []
+
+
+async def test_a_changed_or_replayed_frame_closes_the_connection_before_anything_runs(
+    port: tuple[int, FakeLocal],
+) -> None:
+    number, local = port
+    request = [0, "rpc", "a/x", [], "b/y", "m", {}, None]
+
+    async def connect() -> tuple[Recording, peerwire.Channel]:
+        raw = Recording(await trio.open_tcp_stream("127.0.0.1", number))
+        return raw, await peerwire.dial(raw, SECRET)
+
+    raw, channel = await connect()
+    await channel.send(request)
+    assert (await channel.receive())[1] == 0 and len(local.ran) == 1
+    captured = raw.sent[-1]
+    # The same frame again on the same connection: its number is past.
+    await raw.send_all(captured)
+    with pytest.raises(trio.EndOfChannel):
+        await channel.receive()
+    # On a new connection: another session key.
+    raw, channel = await connect()
+    await raw.send_all(captured)
+    with pytest.raises(trio.EndOfChannel):
+        await channel.receive()
+    # One bit changed in the body.
+    raw, channel = await connect()
+    raw.flip_next = True
+    await channel.send(request)
+    with pytest.raises(trio.EndOfChannel):
+        await channel.receive()
+    assert len(local.ran) == 1
+
+
+async def test_a_connection_lost_after_the_send_means_the_outcome_is_unknown(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, local = port
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    relay_port = listeners[0].socket.getsockname()[1]
+    cut = trio.Event()
+
+    async def relay(client: trio.SocketStream) -> None:
+        """Pass bytes to the real port until ``cut`` is set, then drop both sides."""
+        server = await trio.open_tcp_stream("127.0.0.1", number)
+        async with client, server, trio.open_nursery() as pipe:
+
+            async def pump(a: trio.abc.Stream, b: trio.abc.Stream) -> None:
+                while data := await a.receive_some():
+                    await b.send_all(data)
+
+            pipe.start_soon(pump, client, server)
+            pipe.start_soon(pump, server, client)
+            await cut.wait()
+            pipe.cancel_scope.cancel()
+
+    await nursery.start(trio.serve_listeners, relay, listeners)
+    p = await peers(nursery)
+
+    async def cut_soon() -> None:
+        await local.reached.wait()
+        cut.set()
+
+    nursery.start_soon(cut_soon)
+    with pytest.raises(OutcomeUnknown):
+        await p.call_rpc(f"127.0.0.1:{relay_port}", "a/x", (), "b/y", "wait", {}, None)
+    assert local.ran  # it did reach the owner
