@@ -160,7 +160,13 @@ async def serve(
         from .cluster.serving import open_cluster_node
 
         node = await open_cluster_node(data, cluster)  # SystemExit with one line if it cannot
-        host = Host(app, node.storage, router=node.router, **host_options)
+        host = Host(
+            app,
+            node.storage,
+            router=node.router,
+            alarm_index=lambda _: node.storage.alarms,
+            **host_options,
+        )
         beside_host = node.run
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 

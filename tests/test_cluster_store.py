@@ -148,8 +148,13 @@ def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str) -> None:
     time.sleep(TTL + 0.1)
     took: list[object] = []
     with psycopg.connect(pg_conninfo) as raw:
-        params = ([0], [lease.epoch], ["c/x"], [1], [0], [lease.epoch], [b"in flight"], 1)
-        assert raw.execute(COMMIT_FRAMES, params).fetchone() == ([0], 1)
+        params = {
+            "parts": [0], "epochs": [lease.epoch], "n": 1,
+            "addresses": ["c/x"], "seqs": [1], "partitions": [0], "frame_epochs": [lease.epoch],
+            "data": [b"in flight"],
+            "put_addresses": [], "put_partitions": [], "put_at": [], "dropped": [],
+        }  # fmt: skip
+        assert raw.execute(COMMIT_FRAMES, params).fetchone() == ([0],)
         thread = threading.Thread(target=lambda: took.append(b.acquire(0, TTL, MARGIN)))
         thread.start()
         thread.join(0.5)

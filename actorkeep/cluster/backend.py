@@ -12,7 +12,9 @@ copies; what is durable is what the store holds.
   next open restores it from the store, so a plain write not followed by a sync is lost when
   its actor leaves memory, as in a failover.
 
-``run()`` must run beside the host (it keeps the leases and runs the commits).
+``run()`` must run beside the host (it keeps the leases and runs the commits). After each tick
+it loads the alarm index of the partitions taken and drops that of the partitions lost
+(``alarms``, the host's ``AlarmIndex``: ``Host(..., alarm_index=lambda _: storage.alarms)``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..address import actor_path
 from ..errors import Overloaded
 from ..runtime.storage import FileDatabase, FileStorage
 from ..runtime.syncer import Syncer
+from .alarms import ClusterAlarmIndex
 from .committer import Committer
 from .keeper import LeaseKeeper
 from .partitions import partition_of
@@ -143,6 +146,8 @@ class ClusterStorage:
         self.files = FileStorage(root)
         self.store = store
         self.keeper = keeper
+        #: The alarm index of the partitions this host holds.
+        self.alarms = ClusterAlarmIndex(keeper, store.partitions)
         self._actors = self.files.root / "actors"
         self._restored: dict[str, int] = {}  # address: the epoch its local file is current for
         # address: (the last batch the store has of it, whether it has anything), at restore
@@ -168,14 +173,17 @@ class ClusterStorage:
         """Keep the leases (a tick every ``ttl / 3``) and run the group commits, until
         cancelled; a planned stop hands the partitions over."""
         async with trio.open_nursery() as nursery:
-            self._committer = Committer(self.store, self.in_thread, nursery.start_soon)
+            committer = Committer(self.store, self.in_thread, nursery.start_soon, self.alarms)
+            self._committer = committer
             await self.in_thread(self.keeper.tick)
+            await self._follow_leases(nursery)
             task_status.started()
             try:
                 while True:
                     await trio.sleep(self.keeper.settings.every)
                     try:
                         await self.in_thread(self.keeper.tick)
+                        await self._follow_leases(nursery)
                     except Exception as exc:  # the store unreachable: the leases run out by
                         # this host's clock, and it stops serving them; it tries again
                         log.warning("could not renew the cluster's leases", error=repr(exc))
@@ -187,6 +195,34 @@ class ClusterStorage:
                         log.warning("could not hand the partitions over", error=repr(exc))
                     self._syncer.close()
                     self.store.close()
+
+    async def _follow_leases(self, nursery: trio.Nursery) -> None:
+        """After a tick: the alarm index of partitions taken is loaded (their due alarms fire),
+        that of partitions lost dropped; changes that no write carried are committed."""
+        held, index = self.keeper.held, self.alarms
+        for partition, epoch in list(index.loaded.items()):
+            lease = held.get(partition)
+            if lease is None or lease.epoch != epoch:
+                index.drop(partition)
+        taken = {p: x.epoch for p, x in held.items() if index.loaded.get(p) != x.epoch}
+        if taken:
+            parts = sorted(taken)
+            rows = await self.in_thread(lambda: self.store.alarms_of(parts))
+            entries: dict[int, list[tuple[str, float]]] = {p: [] for p in parts}
+            for partition, address, at in rows:
+                entries[partition].append((address, at))
+            for partition, epoch in taken.items():
+                lease = self.keeper.lease_for(partition)
+                if lease is not None and lease.epoch == epoch:
+                    index.load(partition, epoch, entries[partition])
+        if index.pending:
+            nursery.start_soon(self._commit_alarms)
+
+    async def _commit_alarms(self) -> None:
+        try:
+            await self.committer.commit(None)
+        except Exception as exc:  # they wait for the next commit
+            log.info("could not commit the alarm index's changes yet", error=repr(exc))
 
     def forget(self, address: str) -> None:
         self._restored.pop(address, None)

@@ -2,20 +2,21 @@
 a commit is in flight go together in the next one, one PostgreSQL transaction for all.
 
 A write whose partition has a newer owner fails alone: the batch is committed again without the
-fenced partitions' writes, so one stale actor never fails the others.
+fenced partitions' writes, so one stale actor never fails the others. Each batch also takes the
+alarm index's pending changes (``alarms.py``), in the same transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import outcome
 import trio
 
 from ..errors import HostClosed
-from .store import ClusterStore, Fenced, Write
+from .store import AlarmChange, ClusterStore, Fenced, Write
 
 #: ``run(fn)``: ``fn()`` in a thread, awaited (the store blocks): the host's sync threads.
 RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -23,22 +24,46 @@ RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 
+class AlarmChanges(Protocol):
+    """Where a batch takes the alarm index's pending changes from (``ClusterAlarmIndex``)."""
+
+    def take(self) -> list[AlarmChange]: ...
+
+    def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None: ...
+
+
+class _NoAlarms:
+    def take(self) -> list[AlarmChange]:
+        return []
+
+    def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None:
+        pass
+
+
 class Committer:
     """Commits writes for many actors, one transaction per batch, one batch at a time."""
 
-    def __init__(self, store: ClusterStore, run: RunInThread, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        store: ClusterStore,
+        run: RunInThread,
+        spawn: Spawn,
+        alarms: AlarmChanges | None = None,
+    ) -> None:
         self._store = store
         self._run = run
         self._spawn = spawn
-        self._pending: list[tuple[Write, trio.Event, list[outcome.Outcome[None]]]] = []
+        self._alarms: AlarmChanges = _NoAlarms() if alarms is None else alarms
+        self._pending: list[tuple[Write | None, trio.Event, list[outcome.Outcome[None]]]] = []
         self._busy = False
         #: Transactions committed, and writes in them (for measurements).
         self.transactions = 0
         self.writes = 0
 
-    async def commit(self, write: Write) -> None:
+    async def commit(self, write: Write | None) -> None:
         """Until ``write`` is committed (``Fenced`` if its partition has a newer owner; the
-        store's error if the commit failed, when its outcome is unknown)."""
+        store's error if the commit failed, when its outcome is unknown). None: only the
+        alarm index's pending changes, in the next batch."""
         done = trio.Event()
         box: list[outcome.Outcome[None]] = []
         self._pending.append((write, done, box))
@@ -52,35 +77,43 @@ class Committer:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                writes = [w for w, _, _ in batch]
+                writes = [w for w, _, _ in batch if w is not None]
+                changes = self._alarms.take()
                 try:
-                    results = await self._run(partial(self._commit, writes))
+                    results, unknown = await self._run(partial(self._commit, writes, changes))
                 except BaseException as exc:  # cancelled (the host closes), or no thread
+                    self._alarms.failed(changes, set())
                     for _, done, box in batch:  # an outcome is unwrapped once: one each
                         box.append(outcome.Error(_as_error(exc)))
                         done.set()
                     raise
-                for (_, done, box), result in zip(batch, results, strict=True):
-                    box.append(result)
+                if unknown is not None:
+                    self._alarms.failed(*unknown)
+                by_write = iter(results)
+                for w, done, box in batch:
+                    box.append(next(by_write) if w is not None else outcome.Value(None))
                     done.set()
         finally:
             self._busy = False
 
-    def _commit(self, writes: Sequence[Write]) -> list[outcome.Outcome[None]]:
-        """In a thread: commit ``writes``, dropping fenced partitions and committing the rest
-        again; the outcome of each write."""
+    def _commit(
+        self, writes: Sequence[Write], changes: Sequence[AlarmChange]
+    ) -> tuple[list[outcome.Outcome[None]], tuple[list[AlarmChange], set[int]] | None]:
+        """In a thread: commit ``writes`` and ``changes``, dropping fenced partitions and
+        committing the rest again; the outcome of each write, and the changes whose outcome
+        is unknown (with the partitions fenced)."""
         fenced: set[int] = set()
         while True:
             live = [w for w in writes if w.partition not in fenced]
+            alarms = [c for c in changes if c.partition not in fenced]
             try:
-                if live:
-                    self._store.commit(live)
+                self._store.commit(live, alarms)
             except Fenced as exc:
                 fenced.update(exc.partitions)
                 continue
             except Exception as exc:  # the outcome is unknown: every write of the batch fails
-                return [outcome.Error(exc) for _ in writes]
-            if live:
+                return [outcome.Error(exc) for _ in writes], (alarms, fenced)
+            if live or alarms:
                 self.transactions += 1
                 self.writes += len(live)
             return [
@@ -88,7 +121,7 @@ class Committer:
                 if w.partition in fenced
                 else outcome.Value(None)
                 for w in writes
-            ]
+            ], None
 
 
 def _as_error(exc: BaseException) -> Exception:

@@ -10,6 +10,8 @@
   frames folded into it (``compact``).
 - ``actorkeep_frames``: the actors' durable writes after their image, each tagged with the
   epoch it was written under.
+- ``actorkeep_alarms``: the alarm index, ``address -> at`` by partition, changed only in the
+  commits that carry the actors' frames (``cluster/alarms.py``).
 
 A write commits only if every partition it touches still has the epoch the writer holds, checked
 in the same transaction under a share lock on the lease rows: a takeover (which updates the row)
@@ -66,6 +68,11 @@ _SCHEMA = (
         epoch bigint NOT NULL,
         data bytea NOT NULL,
         PRIMARY KEY (address, seq))""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_alarms (
+        address text PRIMARY KEY,
+        partition integer NOT NULL,
+        at double precision NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS actorkeep_alarms_partition ON actorkeep_alarms (partition)",
 )
 
 
@@ -77,17 +84,25 @@ CHECK_EPOCHS = (
 )
 
 #: A commit, in one statement: the partitions still at their epochs (share-locked to the end,
-#: as ``CHECK_EPOCHS``), and the rows, inserted only if every partition is; the partitions held
-#: and how many rows went in.
+#: as ``CHECK_EPOCHS``), and, only if every one of them is, the frames inserted and the alarm
+#: index's entries set and dropped; the partitions held. (PostgreSQL runs every data-modifying
+#: part of a ``WITH`` to completion, read or not.)
 COMMIT_FRAMES = (
     "WITH held AS (SELECT l.partition FROM actorkeep_leases l "
-    "JOIN unnest(%s::integer[], %s::bigint[]) AS want(partition, epoch) "
+    "JOIN unnest(%(parts)s::integer[], %(epochs)s::bigint[]) AS want(partition, epoch) "
     "ON l.partition = want.partition AND l.epoch = want.epoch "
     "ORDER BY l.partition FOR SHARE OF l), "
+    "ok AS (SELECT count(*) = %(n)s AS ok FROM held), "
     "ins AS (INSERT INTO actorkeep_frames (address, seq, partition, epoch, data) "
-    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::integer[], %s::bigint[], %b::bytea[]) "
-    "WHERE (SELECT count(*) FROM held) = %s RETURNING 1) "
-    "SELECT (SELECT array_agg(partition) FROM held), (SELECT count(*) FROM ins)"
+    "SELECT * FROM unnest(%(addresses)s::text[], %(seqs)s::bigint[], %(partitions)s::integer[], "
+    "%(frame_epochs)s::bigint[], %(data)b::bytea[]) WHERE (SELECT ok FROM ok)), "
+    "put AS (INSERT INTO actorkeep_alarms (address, partition, at) "
+    "SELECT * FROM unnest(%(put_addresses)s::text[], %(put_partitions)s::integer[], "
+    "%(put_at)s::float8[]) WHERE (SELECT ok FROM ok) "
+    "ON CONFLICT (address) DO UPDATE SET partition = excluded.partition, at = excluded.at), "
+    "del AS (DELETE FROM actorkeep_alarms WHERE address = ANY(%(dropped)s::text[]) "
+    "AND (SELECT ok FROM ok)) "
+    "SELECT array_agg(partition) FROM held"
 )
 
 
@@ -123,6 +138,16 @@ class Write:
     address: str
     seq: int
     data: bytes
+
+
+@dataclass(frozen=True)
+class AlarmChange:
+    """An entry of the alarm index set (``at``) or dropped (``at`` None), under ``epoch``."""
+
+    partition: int
+    epoch: int
+    address: str
+    at: float | None
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -280,34 +305,51 @@ class ClusterStore:
             )
 
     @_locked
-    def commit(self, writes: Sequence[Write]) -> None:
-        """Commit ``writes`` (any actors, any partitions) in one transaction, or none of them:
-        ``Fenced`` if a partition's epoch is no longer the one a write carries."""
-        if not writes:
+    def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
+        """Commit ``writes`` (any actors, any partitions) and the alarm index's ``alarms`` (one
+        change per address at most) in one transaction, or none of them: ``Fenced`` if a
+        partition's epoch is no longer the one a write or change carries."""
+        if not writes and not alarms:
             return
         epochs: dict[int, int] = {}
-        for w in writes:
-            if epochs.setdefault(w.partition, w.epoch) != w.epoch:
-                raise ValueError(f"writes to partition {w.partition} under two epochs")
+        tagged: list[tuple[int, int]] = [(w.partition, w.epoch) for w in writes]
+        tagged += [(a.partition, a.epoch) for a in alarms]
+        for partition, epoch in tagged:
+            if epochs.setdefault(partition, epoch) != epoch:
+                raise ValueError(f"writes to partition {partition} under two epochs")
+        put = [a for a in alarms if a.at is not None]
         parts = sorted(epochs)
         # One statement, so one round trip and its own transaction (autocommit).
         row = self._conn.execute(
             COMMIT_FRAMES,
-            (
-                parts,
-                [epochs[p] for p in parts],
-                [w.address for w in writes],
-                [w.seq for w in writes],
-                [w.partition for w in writes],
-                [w.epoch for w in writes],
-                [w.data for w in writes],
-                len(parts),
-            ),
+            {
+                "parts": parts,
+                "epochs": [epochs[p] for p in parts],
+                "n": len(parts),
+                "addresses": [w.address for w in writes],
+                "seqs": [w.seq for w in writes],
+                "partitions": [w.partition for w in writes],
+                "frame_epochs": [w.epoch for w in writes],
+                "data": [w.data for w in writes],
+                "put_addresses": [a.address for a in put],
+                "put_partitions": [a.partition for a in put],
+                "put_at": [float(a.at) for a in put if a.at is not None],
+                "dropped": [a.address for a in alarms if a.at is None],
+            },
         ).fetchone()
         assert row is not None
-        held, inserted = row
-        if inserted != len(writes):
-            raise Fenced(sorted(set(parts) - set(held or [])))
+        held = set(row[0] or [])
+        if len(held) != len(parts):
+            raise Fenced(sorted(set(parts) - held))
+
+    @_locked
+    def alarms_of(self, partitions: Sequence[int]) -> list[tuple[int, str, float]]:
+        """``(partition, address, at)`` of the alarm index's entries in ``partitions``."""
+        rows = self._conn.execute(
+            "SELECT partition, address, at FROM actorkeep_alarms WHERE partition = ANY(%s)",
+            (list(partitions),),
+        ).fetchall()
+        return [(int(p), str(a), float(at)) for p, a, at in rows]
 
     @_locked
     def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:

@@ -5,6 +5,7 @@ promise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from .hostdb import HostDb
@@ -35,7 +36,12 @@ class AlarmIndex(Protocol):
         """The first entry after ``now`` as ``(at, address)``."""
 
     async def sync(self) -> None:
-        """Make every write so far durable."""
+        """Make every write so far durable (or, for an index whose entries commit with the
+        actor's next durable write in one transaction, at the latest with it)."""
+
+    def watch(self, poke: Callable[[float], None]) -> None:
+        """``poke(at)`` for entries that appear from elsewhere (in a cluster: the alarms of a
+        partition this host takes over), so that the scheduler wakes for them."""
 
 
 class LocalAlarmIndex:
@@ -97,3 +103,6 @@ class LocalAlarmIndex:
 
     async def sync(self) -> None:
         await self._host_db.sync()
+
+    def watch(self, poke: Callable[[float], None]) -> None:
+        """Nothing comes from elsewhere: every entry is put by this host's scheduler."""

@@ -93,6 +93,7 @@ class AlarmScheduler:
         self._failures: dict[str, int] = {}  # address -> failures in a row, outside the handler
         self._poked = math.inf  # the earliest time poked since the last scan
         self._scope: trio.CancelScope | None = None
+        index.watch(self.poke)
 
     # -- waking up -------------------------------------------------------------------------
     def poke(self, at: float) -> None:

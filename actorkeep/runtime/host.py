@@ -91,6 +91,7 @@ class Host:
         alarm_scheduler: type[AlarmScheduler] = AlarmScheduler,
         gate: type[Gate] = Gate,
         router: Callable[[Target], Router] = LocalRouter,
+        alarm_index: Callable[[HostDb], AlarmIndex] = LocalAlarmIndex,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -115,6 +116,7 @@ class Host:
         #: which host serves the address).
         self.router: Router = router(self)
         self._scheduler_class = alarm_scheduler
+        self._index_class = alarm_index
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._host_db: HostDb | None = None
@@ -187,7 +189,7 @@ class Host:
             stepped=lambda: self.alarms.poke(self.clock.now()),
         )
         try:
-            index = LocalAlarmIndex(host_db)
+            index = self._index_class(host_db)
             self._registry = registry = Registry(host_db)
             rebuilt = rebuild_if_needed(
                 self.storage, host_db, index, registry, self.clock.now(), set_aside is not None
