@@ -197,7 +197,9 @@ async def serve(
                         else {"cluster_partitions": cluster.partitions, "internal": node.address}
                     ),
                 )
-            beside.cancel_scope.cancel()  # a planned stop: the partitions are handed over
+            if cluster is not None:  # a planned stop: what closed actors wrote is committed,
+                await node.storage.settle()  # then the partitions are handed over
+            beside.cancel_scope.cancel()
     log.info("stopped")
 
 

@@ -338,10 +338,17 @@ def exchange(
 
 
 class Load:
-    """Client threads, each looping over one kind of request until its first unanswered one."""
+    """Client threads, each looping over one kind of request until its first unanswered one.
 
-    def __init__(self, port: int, ledger: Ledger, rng: random.Random, cycle: int) -> None:
+    ``unknown_ok``: a 500 or 503 answer counts as a request whose outcome is unknown (as one
+    cut off by a kill) and the thread goes on: in a cluster, a call in flight to a host that
+    was killed may have applied or not, and the caller is told so with one of those."""
+
+    def __init__(
+        self, port: int, ledger: Ledger, rng: random.Random, cycle: int, unknown_ok: bool = False
+    ) -> None:
         self.port = port
+        self.unknown_ok = unknown_ok
         self.ledger = ledger
         self.cycle = cycle
         self.answered = 0
@@ -390,6 +397,17 @@ class Load:
             self.ledger.errors.append(f"{what}: {status} {body[:200]!r}")
         return False
 
+    def _unknown(self, status: int, counter: bytes | None = None) -> bool | None:
+        """A 500 or 503 under ``unknown_ok``: counted as unanswered, True (go on); else None."""
+        if not (self.unknown_ok and status in (500, 503)):
+            return None
+        with self.ledger.lock:
+            self.ledger.unanswered += 1
+            if counter is not None:
+                unanswered = self.ledger.bump_unanswered
+                unanswered[counter] = unanswered.get(counter, 0) + 1
+        return True
+
     def _put(self, conn: http.client.HTTPConnection, t: int, i: int, rng: random.Random) -> bool:
         name = f"crash-{rng.randrange(PUT_KEYS)}"
         key, value = f"settings/{name}".encode(), f"c{self.cycle}.w{t}.{i}".encode()
@@ -402,7 +420,8 @@ class Load:
             return False
         status, body = got
         if status != 200:
-            return self._unexpected(f"PUT {name}", status, body)
+            unknown = self._unknown(status)
+            return unknown if unknown is not None else self._unexpected(f"PUT {name}", status, body)
         version = json.loads(body)["version"]
         with self.ledger.lock:
             self.ledger.put_acked.setdefault(key, {})[value] = version
@@ -420,7 +439,8 @@ class Load:
             return False
         status, body = got
         if status != 200:
-            return self._unexpected(f"bump {key}", status, body)
+            unknown = self._unknown(status, key.encode())
+            return unknown if unknown is not None else self._unexpected(f"bump {key}", status, body)
         n, version = json.loads(body)
         with self.ledger.lock:
             self.ledger.bump_acked.setdefault(key.encode(), []).append((n, version))
@@ -439,7 +459,8 @@ class Load:
             return False
         status, body = got
         if status != 202:
-            return self._unexpected(f"send {tag}", status, body)
+            unknown = self._unknown(status)
+            return unknown if unknown is not None else self._unexpected(f"send {tag}", status, body)
         job = json.loads(body)["job"]
         with self.ledger.lock:
             self.ledger.send_acked[job] = tag

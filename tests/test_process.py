@@ -62,8 +62,9 @@ def http_request(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = CLIENT_TIMEOUT,
+    address: str = "127.0.0.1",
 ) -> Reply:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
@@ -83,12 +84,21 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``python -m actorkeep serve`` process; stderr goes to ``self.log``."""
+    """One ``python -m actorkeep serve`` process; stderr goes to ``self.log``. ``address``: where
+    it serves (127.0.0.1); ``prefix``: a command it runs under (``ip netns exec NS``)."""
 
     def __init__(
-        self, app: str, data: Path, args: tuple[str, ...], open_files: int | None = None
+        self,
+        app: str,
+        data: Path,
+        args: tuple[str, ...],
+        open_files: int | None = None,
+        address: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        self.address = address
+        self.prefix = prefix
         self.data = data
         self.open_files = open_files  # RLIMIT_NOFILE of the process, soft and hard
         self.log = data.parent / f"host-{next(_log_numbers)}.stderr"
@@ -103,8 +113,8 @@ class Server:
         raise AssertionError(f"host did not start (exit {self.proc.returncode}):\n{self.stderr()}")
 
     def _spawn(self, args: tuple[str, ...]) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "actorkeep", "serve", self.app]
-        cmd += ["--data", str(self.data), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [*self.prefix, sys.executable, "-m", "actorkeep", "serve", self.app]
+        cmd += ["--data", str(self.data), "--host", self.address, "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         limit = self.open_files
 
@@ -136,10 +146,10 @@ class Server:
 
     # requests
     def get(self, path: str, headers: dict[str, str] | None = None, timeout: float = 10) -> Reply:
-        return http_request(self.port, "GET", path, None, headers, timeout)
+        return http_request(self.port, "GET", path, None, headers, timeout, self.address)
 
     def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> Reply:
-        return http_request(self.port, "POST", path, body, headers)
+        return http_request(self.port, "POST", path, body, headers, address=self.address)
 
     def rpc(self, path: str, args: dict[str, Any]) -> Reply:
         return self.post(path, json.dumps(args).encode(), {"content-type": "application/json"})

@@ -8,9 +8,11 @@ copies; what is durable is what the store holds.
 - A checkpoint ships the log first: once SQLite starts its log afresh, the old frames are only
   in the local file.
 - A sync that fails (fenced, the lease lost, the store unreachable) leaves the local file
-  unknown, and a closed database may hold plain writes never shipped: either way the actor's
-  next open restores it from the store, so a plain write not followed by a sync is lost when
-  its actor leaves memory, as in a failover.
+  unknown: the actor's next open restores it from the store.
+- A database that closes (its actor leaves memory, the host stops) ships what it had not: its
+  plain writes survive that, as on a single host. They are lost when the host dies before a
+  sync or a close ships them (for plain writes a host's death is what power loss is to a
+  single host).
 
 ``run()`` must run beside the host (it keeps the leases and runs the commits). After each tick
 it loads the alarm index of the partitions taken and drops that of the partitions lost
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import structlog
 import trio
 
@@ -38,7 +41,7 @@ from .committer import Committer
 from .keeper import LeaseKeeper
 from .partitions import partition_of
 from .replica import Replica, held
-from .store import ClusterStore
+from .store import ClusterStore, Write
 
 log = structlog.get_logger("actorkeep")
 
@@ -48,6 +51,13 @@ class NotServedHere(Overloaded):
 
     def __init__(self, address: str) -> None:
         super().__init__(f"{address} is not served by this host now", retry_after=1.0)
+
+
+class StoreUnreachable(Overloaded):
+    """503: the actor could not be restored, the cluster's store did not answer."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
 
 
 class ClusterDatabase:
@@ -78,6 +88,11 @@ class ClusterDatabase:
     @property
     def where(self) -> str:
         return self._inner.where
+
+    @property
+    def first_image(self) -> bytes | None:
+        """The image of an actor new to the cluster, not sent yet (its first sync sends it)."""
+        return self._image
 
     @property
     def look_at(self) -> int:
@@ -129,12 +144,30 @@ class ClusterDatabase:
                 storage.syncing(self.address, -1)
 
     def close(self) -> None:
-        # What was not shipped (plain writes since the last sync) is only in the local file,
-        # and later frames could build on it: the actor's next open restores from the store.
-        self._storage.forget(self.address)
-        self._storage.database_closed(self)
+        # Plain writes since the last sync are only in the local file: read them out of the
+        # log before SQLite folds it away, and commit them after (a planned close keeps them,
+        # as on a single host; the actor's next open waits for that commit). After a failed
+        # sync, or with the lease gone, the local file is not to be trusted: the next open
+        # restores from the store.
+        storage = self._storage
+        write, trusted = None, False
+        lease = storage.keeper.lease_for(self.partition)
+        if self._failed is None and lease is not None and lease.epoch == self.epoch:
+            try:
+                write = self._replica.ship(self.epoch)
+                trusted = True
+            except Exception as exc:
+                log.warning("could not read a closing actor's log", address=self.address,
+                            error=repr(exc))  # fmt: skip
+        storage.database_closed(self)
         self._inner.close()
         self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
+        if not trusted:
+            storage.forget(self.address)
+        elif write is not None or self._image is not None:
+            storage.commit_after_close(self, write)
+        else:
+            storage.shipped(self.address, self._replica.seq)
         self.closed.set()
 
 
@@ -153,6 +186,10 @@ class ClusterStorage:
         # address: (the last batch the store has of it, whether it has anything), at restore
         self._loaded: dict[str, tuple[int, bool]] = {}
         self._committer: Committer | None = None
+        self._nursery: trio.Nursery | None = None
+        self._refreshing = False
+        #: Called on the trio thread after each tick (the router moves its deadlines).
+        self.after_tick: list[Callable[[], None]] = []
         self._open: dict[str, ClusterDatabase] = {}  # by address
         self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
         self._synced: dict[str, trio.Event] = {}
@@ -175,6 +212,7 @@ class ClusterStorage:
         async with trio.open_nursery() as nursery:
             committer = Committer(self.store, self.in_thread, nursery.start_soon, self.alarms)
             self._committer = committer
+            self._nursery = nursery
             await self.in_thread(self.keeper.tick)
             await self._follow_leases(nursery)
             task_status.started()
@@ -188,6 +226,7 @@ class ClusterStorage:
                         # this host's clock, and it stops serving them; it tries again
                         log.warning("could not renew the cluster's leases", error=repr(exc))
             finally:
+                self._nursery = None
                 with trio.CancelScope(shield=True):
                     try:
                         await self.in_thread(self.keeper.release_all)
@@ -196,9 +235,69 @@ class ClusterStorage:
                     self._syncer.close()
                     self.store.close()
 
+    def refresh_owners_soon(self) -> None:
+        """Read the partitions' owners again, in the background (one read at a time)."""
+        nursery = self._nursery
+        if nursery is None or self._refreshing:
+            return
+        self._refreshing = True
+
+        async def refresh() -> None:
+            try:
+                await self.in_thread(self.keeper.refresh_owners)
+            except Exception:  # the store unreachable: the next tick or retry reads them
+                pass
+            finally:
+                self._refreshing = False
+
+        nursery.start_soon(refresh)
+
+    def commit_after_close(self, db: ClusterDatabase, write: Write | None) -> None:
+        """Commit what a closed database had not shipped (its first image too, if it never
+        synced), in the background; the actor's next open waits for it (``ready``) and
+        restores from the store if it failed."""
+        address, image, nursery = db.address, db.first_image, self._nursery
+        if nursery is None:
+            self.forget(address)
+            return
+        self.syncing(address, +1)
+
+        async def commit() -> None:
+            try:
+                if image is not None:
+                    await self.in_thread(
+                        lambda: self.store.compact(db.partition, db.epoch, address, 0, image)
+                    )
+                await self.committer.commit(write)
+                self.shipped(address, write.seq if write is not None else 0)
+            except BaseException as exc:
+                self.forget(address)
+                if not isinstance(exc, Exception):
+                    raise
+                log.warning("a closed actor's last writes were not committed",
+                            address=address, error=repr(exc))  # fmt: skip
+            finally:
+                self.syncing(address, -1)
+
+        nursery.start_soon(commit)
+
+    def shipped(self, address: str, seq: int) -> None:
+        """The store holds the actor up to batch ``seq``, as its local file does."""
+        if address in self._restored:
+            self._loaded[address] = (seq, True)
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Until the commits of closed databases have ended (a planned stop waits for them
+        before it hands the partitions over), or ``timeout``."""
+        with trio.move_on_after(timeout):
+            while self._synced:
+                await next(iter(self._synced.values())).wait()
+
     async def _follow_leases(self, nursery: trio.Nursery) -> None:
         """After a tick: the alarm index of partitions taken is loaded (their due alarms fire),
         that of partitions lost dropped; changes that no write carried are committed."""
+        for listener in self.after_tick:
+            listener()
         held, index = self.keeper.held, self.alarms
         for partition, epoch in list(index.loaded.items()):
             lease = held.get(partition)
@@ -270,7 +369,10 @@ class ClusterStorage:
         if self._restored.get(address) == epoch:
             return
         path = actor_path(self._actors, class_name, name)
-        last, known = await self.in_thread(lambda: self._restore(path, address))
+        try:
+            last, known = await self.in_thread(lambda: self._restore(path, address))
+        except psycopg.Error as exc:  # nothing of the event ran: the caller may try again
+            raise StoreUnreachable(address) from exc
         self._loaded[address] = (last, known)
         self._restored[address] = epoch
 

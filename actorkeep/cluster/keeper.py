@@ -63,6 +63,11 @@ class LeaseKeeper:
         lease = self._held.get(partition)
         return lease if lease is not None and self._clock() < lease.until else None
 
+    def remaining(self, partition: int) -> float:
+        """Seconds left, by this host's clock, of its lease on ``partition`` (0 if none)."""
+        lease = self._held.get(partition)
+        return 0.0 if lease is None else max(0.0, lease.until - self._clock())
+
     def owner_of(self, partition: int) -> str | None:
         """The internal address of the other host that owns ``partition``, as last read; None
         if nobody does, this host does, or the owner gave no address."""

@@ -52,6 +52,11 @@ class Replica:
             raise
         self._reader = reader
 
+    @property
+    def seq(self) -> int:
+        """The last batch shipped (or restored from)."""
+        return self._seq
+
     def expect_restart(self) -> None:
         """The log may start afresh before the next ship: everything before was shipped (the
         host checkpoints only after a ship)."""

@@ -1,15 +1,17 @@
-"""The router of a cluster host (decisions 0016 and 0017). An event for an actor whose
-partition this host holds runs here, checked against the lease by the host's own clock before
-the event and again before the reply leaves, so that no answer leaves a host after its lease ran
-out. An event for an actor owned elsewhere goes to the owner's internal port (``peers.py``), one
-hop, with its caller and call chain. While nobody serves the partition (a failover, a
-handover), or the owner says it no longer holds it, the router reads the owners again and
-tries until the call's deadline (``retry_for`` when it has none), then answers 503 with
-Retry-After (``NotServedHere``)."""
+"""The router of a cluster host (decisions 0016 and 0017).
+
+An event for an actor whose partition this host holds runs here, checked against the lease by
+the host's own clock before the event and again before the reply leaves, so that no answer
+leaves a host after its lease ran out; an event still running when the lease runs out (its
+commit cannot reach the store, say) is answered 503 at that moment, its caller not held longer.
+An event for an actor owned elsewhere goes to the owner's internal port (``peers.py``), one hop,
+with its caller and call chain. While nobody serves the partition (a failover, a handover), or
+the owner says it no longer holds it, the router reads the owners again and tries until the
+call's deadline (``retry_for`` when it has none), then answers 503 with Retry-After
+(``NotServedHere``)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -47,7 +49,10 @@ class ClusterRouter:
         #: How long a call without a deadline waits for its partition's owner.
         self.retry_for = 2 * storage.keeper.settings.ttl if retry_for is None else retry_for
         self._refreshed = -float("inf")
-        self._refreshing = trio.Lock()
+        #: The cancel scopes of the events running here, by partition: each ends when its
+        #: partition's lease does, moved on at every renewal.
+        self._running: dict[int, set[trio.CancelScope]] = {}
+        storage.after_tick.append(self._leases_moved)
 
     def _partition(self, address: str) -> int:
         return partition_of(address, self._storage.store.partitions)
@@ -64,14 +69,38 @@ class ClusterRouter:
         if stale and not (before and self.host.evict(address)):
             raise NotServedHere(address)
 
-    async def _refresh_owners(self) -> None:
-        async with self._refreshing:  # callers waiting at once share one read
-            if trio.current_time() - self._refreshed < REFRESH_EVERY:
-                return
-            # The store unreachable: the next tick or retry reads them.
-            with contextlib.suppress(Exception):
-                await self._storage.in_thread(self._keeper.refresh_owners)
+    def _lease_end(self, partition: int) -> float:
+        return trio.current_time() + self._keeper.remaining(partition)
+
+    def _leases_moved(self) -> None:
+        for partition, scopes in self._running.items():
+            end = self._lease_end(partition)
+            for scope in scopes:
+                scope.deadline = end
+
+    async def _within_lease(
+        self, address: str, partition: int, event: Callable[[], Awaitable[T]]
+    ) -> T:
+        self._check(address, partition, before=True)
+        scope = trio.CancelScope(deadline=self._lease_end(partition))
+        running = self._running.setdefault(partition, set())
+        running.add(scope)
+        try:
+            with scope:
+                result = await event()
+        finally:
+            running.discard(scope)
+            if not running:
+                del self._running[partition]
+        if scope.cancelled_caught:
+            raise NotServedHere(address)  # the lease ran out while it ran: no answer leaves
+        self._check(address, partition, before=False)  # or just now
+        return result
+
+    def _refresh_owners(self) -> None:
+        if trio.current_time() - self._refreshed >= REFRESH_EVERY:
             self._refreshed = trio.current_time()
+            self._storage.refresh_owners_soon()
 
     async def _route(
         self,
@@ -101,9 +130,9 @@ class ClusterRouter:
                             pass  # it moved, the owner died, or it is stopping: look again
             if trio.current_time() + pause > end:
                 raise NotServedHere(address)
+            self._refresh_owners()  # in the background: the store may not answer for a while
             await trio.sleep(pause)
             pause = min(2 * pause, _LONGEST_PAUSE)
-            await self._refresh_owners()
 
     # -- what the host calls: anywhere in the cluster -------------------------------------
     async def deliver(
@@ -152,11 +181,11 @@ class ClusterRouter:
     ) -> Response:
         """The event on this host if it owns the actor's partition; ``Elsewhere`` if not."""
         address = f"{class_name}/{name}"
-        partition = self._partition(address)
-        self._check(address, partition, before=True)
-        resp = await self.host.deliver_here(class_name, name, request, chain, timeout)
-        self._check(address, partition, before=False)  # the lease may have run out meanwhile
-        return resp
+
+        def event() -> Awaitable[Response]:
+            return self.host.deliver_here(class_name, name, request, chain, timeout)
+
+        return await self._within_lease(address, self._partition(address), event)
 
     async def call_rpc_local(
         self,
@@ -168,8 +197,8 @@ class ClusterRouter:
         timeout: float | None,
     ) -> Any:
         """The rpc on this host if it owns the actor's partition; ``Elsewhere`` if not."""
-        partition = self._partition(address)
-        self._check(address, partition, before=True)
-        result = await self.host.call_rpc_here(caller, chain, address, method, args, timeout)
-        self._check(address, partition, before=False)
-        return result
+
+        def event() -> Awaitable[Any]:
+            return self.host.call_rpc_here(caller, chain, address, method, args, timeout)
+
+        return await self._within_lease(address, self._partition(address), event)

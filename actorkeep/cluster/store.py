@@ -34,6 +34,18 @@ import psycopg
 from ..hashing import fnv1a64
 from .partitions import check_partitions
 
+#: What the hosts' connections use unless the conninfo says otherwise: a host cut off from
+#: PostgreSQL finds out in seconds (a statement whose packets go unanswered fails after
+#: ``tcp_user_timeout``, an idle connection is probed), instead of after the kernel's minutes.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "tcp_user_timeout": "5000",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+}
+
 #: Bytes of the cluster's secret, drawn when it is created.
 SECRET_BYTES = 32
 
@@ -163,17 +175,25 @@ def _locked(method: F) -> F:
             if self._conn.broken and method.__name__ != "close":
                 # PostgreSQL restarted, failed over, or the network dropped the connection: a
                 # new one (what the old one had in flight failed, its outcome unknown).
-                self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                self._conn = connect(self._conninfo)
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
+
+
+def connect(conninfo: str) -> psycopg.Connection[Any]:
+    """A connection in autocommit mode, with ``CONNECT_DEFAULTS`` where ``conninfo`` is
+    silent."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    return psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **extra), autocommit=True)
 
 
 def create(conninfo: str, partitions: int) -> None:
     """Create the cluster's tables and one lease row per partition, if not there already;
     ``ClusterMismatch`` if the cluster exists with another partition count."""
     check_partitions(partitions)
-    with psycopg.connect(conninfo) as conn, conn.transaction():
+    with connect(conninfo) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
         for statement in _SCHEMA:
             conn.execute(statement)
@@ -207,7 +227,7 @@ class ClusterStore:
         self._conninfo = conninfo
         self._clock = clock
         self._lock = threading.RLock()
-        self._conn = psycopg.connect(conninfo, autocommit=True)
+        self._conn = connect(conninfo)
         try:
             row = self._conn.execute("SELECT partitions, secret FROM actorkeep_cluster").fetchone()
         except psycopg.errors.UndefinedTable:

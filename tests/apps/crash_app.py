@@ -12,11 +12,14 @@ differences that the suite needs and the example should not carry:
 
 The deliverer's ``GET /deliverer/main/deliveries`` (and its ``deliveries`` table) is what the
 suite reads to see what was delivered; dead letters are read from the queue's file.
+``cluster_app`` is the same app with a deliverer whose records are durable (the cluster crash
+suite, ``bench/cluster_crash.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import actorkeep as ak
 import queues
@@ -27,10 +30,6 @@ FAST_WEBHOOKS = dataclasses.replace(
     jobs.WEBHOOKS, visibility=3.0, backoff_base=0.2, backoff_max=2.0
 )
 MAX_CAS_TRIES = 1000
-
-app = ak.App()
-app.mount(shards.KVShard, "kv", access="internal", allow=["api", "deliverer", "tally"])
-app.mount(queues.Queue, "queue", access="internal", allow=["api", "worker"])
 
 counters = ak.kv.Client("kv", shards=4)  # the example's shard count: the same four files
 
@@ -43,12 +42,23 @@ class Api(jobs.Api):
         await self.actors.call("worker/main", "POST", "/start")
 
 
-app.mount(Api, "api")
-app.mount(jobs.Deliverer, "deliverer")
-app.mount(jobs.Worker, "worker")
+class DurableDeliverer(jobs.Deliverer):
+    """The example's deliverer, but what it records is durable before its ack leaves: the
+    cluster crash suite's (``bench/cluster_crash.py``). The example records with a plain
+    write, which a host's death takes with it in a cluster, as power loss does on one host."""
+
+    @ak.queue.consumer(queues=["queue/webhooks"])
+    async def deliver(self, message: ak.queue.Lease) -> ak.queue.RetryLater | None:
+        endpoint = await jobs.settings.get("settings/endpoint")
+        if endpoint is None:
+            return ak.queue.RetryLater(30.0)
+        if json.loads(message.body).get("fail"):
+            raise RuntimeError("the endpoint answered 500")
+        self.post(endpoint.value.decode(), message)
+        await self.sql.sync()
+        return None
 
 
-@app.actor("tally")
 class Tally(ak.Actor):
     """Counters kept in the KV: read, then compare-and-set ``n + 1``; retried on conflict."""
 
@@ -71,3 +81,20 @@ class Tally(ak.Actor):
         """``[value, version]`` of the counter ``key``, or None if it was never bumped."""
         entry = await counters.get_fresh(key)
         return None if entry is None else [int(entry.value), entry.version]
+
+
+def build(deliverer: type[ak.Actor]) -> ak.App:
+    """The app, with ``deliverer`` as the webhook queue's consumer."""
+    built = ak.App()
+    built.mount(shards.KVShard, "kv", access="internal", allow=["api", "deliverer", "tally"])
+    built.mount(queues.Queue, "queue", access="internal", allow=["api", "worker"])
+    built.mount(Api, "api")
+    built.mount(deliverer, "deliverer")
+    built.mount(jobs.Worker, "worker")
+    built.mount(Tally, "tally")
+    return built
+
+
+app = build(jobs.Deliverer)
+#: For a cluster: the deliverer's records durable (``DurableDeliverer``).
+cluster_app = build(DurableDeliverer)
