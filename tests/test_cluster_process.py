@@ -14,6 +14,7 @@ from tests.test_process import COUNTER_APP, Server, serve
 
 pytestmark = pytest.mark.slow
 
+CLUSTER_APP = "tests.apps.cluster_app:app"
 TTL, MARGIN = 1.5, 0.5
 COUNTERS = 16
 ROUNDS = 3
@@ -24,6 +25,27 @@ def cluster_args(conninfo: str) -> tuple[str, ...]:
         "--cluster", conninfo, "--partitions", "16",
         "--lease-ttl", str(TTL), "--lease-margin", str(MARGIN),
     )  # fmt: skip
+
+
+def owner_port(conninfo: str, i: int, servers: list[Server]) -> int | None:
+    """The HTTP port of the host that owns ``counter/c<i>`` now."""
+    import re
+
+    import psycopg
+
+    from actorkeep.cluster.partitions import partition_of
+
+    with psycopg.connect(conninfo) as conn:
+        row = conn.execute(
+            "SELECT h.address FROM actorkeep_leases l JOIN actorkeep_hosts h "
+            "ON h.host_id = l.owner WHERE l.partition = %s AND l.expires_at > clock_timestamp()",
+            (partition_of(f"counter/c{i}", 16),),
+        ).fetchone()
+    for server in servers:
+        found = re.search(r"internal='?([^\s']+)", server.wait_for_line("actorkeep serving"))
+        if row is not None and found is not None and found.group(1) == row[0]:
+            return server.port
+    return None
 
 
 def first_answer(
@@ -78,16 +100,18 @@ def test_acknowledged_durable_writes_move_to_the_surviving_host(
 def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
     pg_conninfo: str, tmp_path: Path
 ) -> None:
-    """SIGSTOP one host past its leases; the other takes its partitions over and writes on.
-    After SIGCONT the paused host, with stale beliefs, never answers with what it held: by its
-    own clock its leases ran out, so it refuses (503) until it has taken a share again from
-    the store, and every answer from either host is the acknowledged count."""
+    """SIGSTOP one host past its leases while one of its actors runs a slow read; the other
+    host takes its partitions over and writes on. After SIGCONT the paused host, with stale
+    beliefs, never answers with what it held: the read that was running gets 503 (its lease
+    ran out by the host's own clock before its reply could leave), and every answer from
+    either host is the acknowledged count."""
     import signal
+    import threading
 
     args = cluster_args(pg_conninfo)
     with (
-        serve(COUNTER_APP, tmp_path / "a", *args) as a,
-        serve(COUNTER_APP, tmp_path / "b", *args) as b,
+        serve(CLUSTER_APP, tmp_path / "a", *args) as a,
+        serve(CLUSTER_APP, tmp_path / "b", *args) as b,
     ):
         time.sleep(TTL)
         acked = {}
@@ -95,9 +119,17 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
             status, n = first_answer([a, b], f"/counter/c{i}/_rpc/incr_durable", 10, {"by": 1})
             assert status == 200, n
             acked[i] = n
-        mine = [i for i in range(COUNTERS) if a.get(f"/counter/c{i}/").status == 200]
+        mine = [i for i in range(COUNTERS) if owner_port(pg_conninfo, i, [a, b]) == a.port]
         assert mine, "a serves nothing"
-        a.proc.send_signal(signal.SIGSTOP)
+        running: list[int] = []
+        slow = threading.Thread(
+            target=lambda: running.append(
+                a.rpc(f"/counter/c{mine[0]}/_rpc/count_after", {"seconds": 0.5}).status
+            )
+        )
+        slow.start()
+        time.sleep(0.2)  # the read runs on a...
+        a.proc.send_signal(signal.SIGSTOP)  # ...when a stops
         try:
             for i in mine:  # b takes them over once a's leases expire, and writes on
                 status, n = first_answer(
@@ -107,6 +139,8 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
                 acked[i] += 1
         finally:
             a.proc.send_signal(signal.SIGCONT)
+        slow.join(15)
+        assert running == [503], running  # no answer left a after its lease ran out
         wrong = []
         end = time.monotonic() + 3 * TTL
         while time.monotonic() < end:  # a wakes up: it rejoins, and takes a share again

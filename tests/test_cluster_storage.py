@@ -98,6 +98,40 @@ async def test_what_one_host_acknowledged_another_restores(
     assert not list((tmp_path / "b" / "actors").rglob("shard-*.sqlite-wal"))  # closed cleanly
 
 
+async def test_an_actors_batches_are_folded_into_its_image_as_they_grow(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Past ``compact_after`` batches since its image, the owner folds them into a new image
+    in the background: what the store holds of a busy actor stays an image and a few batches,
+    and a restore from it on another host reads every acknowledged write."""
+    import psycopg
+
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    a.compact_after = 5
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a) as t:
+            for i in range(40):
+                assert (await call(t, "put", key="k", value=f"v{i}")).status == 200
+        await a.settle()
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_conninfo) as conn:
+        rows = conn.execute(
+            "SELECT i.address, i.seq, (SELECT count(*) FROM actorkeep_frames f "
+            "WHERE f.address = i.address) FROM actorkeep_images i WHERE i.address LIKE 'kv/%'"
+        ).fetchall()
+    shard = kv.address_of("k")
+    [(_, image_seq, frames)] = [r for r in rows if r[0] == shard]
+    assert image_seq >= 30 and frames < 2 * a.compact_after, (image_seq, frames)
+    b = cluster_storage(pg_conninfo, tmp_path / "b", "b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        async with open_host(app, storage=b) as t:
+            assert (await call(t, "get", key="k")).json() == "v39"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_host_whose_partitions_were_taken_acknowledges_nothing(
     pg_conninfo: str, tmp_path: Path
 ) -> None:

@@ -40,10 +40,13 @@ from .alarms import ClusterAlarmIndex
 from .committer import Committer
 from .keeper import LeaseKeeper
 from .partitions import partition_of
-from .replica import Replica, held
+from .replica import Replica, compact, held
 from .store import ClusterStore, Write
 
 log = structlog.get_logger("actorkeep")
+
+#: Batches of an actor in the store past its image before they are folded into a new image.
+COMPACT_AFTER = 64
 
 
 class NotServedHere(Overloaded):
@@ -136,6 +139,7 @@ class ClusterDatabase:
                     )
                 if write is not None:
                     await storage.committer.commit(write)
+                    storage.committed(self)
             except BaseException as exc:
                 self._failed = exc
                 storage.forget(self.address)  # the local file is unknown: restore it next time
@@ -185,6 +189,11 @@ class ClusterStorage:
         self._restored: dict[str, int] = {}  # address: the epoch its local file is current for
         # address: (the last batch the store has of it, whether it has anything), at restore
         self._loaded: dict[str, tuple[int, bool]] = {}
+        # address: batches the store holds of it past its image (compacted past COMPACT_AFTER)
+        self._batches: dict[str, int] = {}
+        self._compacting: set[str] = set()
+        #: ``COMPACT_AFTER`` unless a test says otherwise.
+        self.compact_after = COMPACT_AFTER
         self._committer: Committer | None = None
         self._nursery: trio.Nursery | None = None
         self._refreshing = False
@@ -234,6 +243,27 @@ class ClusterStorage:
                         log.warning("could not hand the partitions over", error=repr(exc))
                     self._syncer.close()
                     self.store.close()
+
+    def committed(self, db: ClusterDatabase) -> None:
+        """A batch of ``db`` is in the store: past ``compact_after`` batches since its image,
+        fold them into a new image in the background, so that a restore stays one read of
+        an image and a few batches."""
+        address = db.address
+        n = self._batches[address] = self._batches.get(address, 0) + 1
+        if n < self.compact_after or address in self._compacting or self._nursery is None:
+            return
+        self._compacting.add(address)
+
+        async def fold() -> None:
+            try:
+                await self.in_thread(lambda: compact(self.store, address, db.partition, db.epoch))
+                self._batches[address] = max(0, self._batches.get(address, 0) - n)
+            except Exception as exc:  # fenced, or the store unreachable: the next batch tries
+                log.info("could not compact an actor's batches", address=address, error=repr(exc))
+            finally:
+                self._compacting.discard(address)
+
+        self._nursery.start_soon(fold)
 
     def refresh_owners_soon(self) -> None:
         """Read the partitions' owners again, in the background (one read at a time)."""
@@ -381,6 +411,7 @@ class ClusterStorage:
         and whether the store holds anything of it."""
         found = held(self.store, address)
         last, known, image = found.last, found.known, found.image
+        self._batches[address] = found.batches
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{path}{suffix}").unlink()

@@ -1,7 +1,8 @@
 """The app ``tests/test_cluster_hosts.py`` serves on three cluster hosts.
 
-- ``counter``: the example counter; ``echo``, ``vault`` (internal) and ``relay``: as in
-  ``process_app`` (the caller the host vouched for, a forged caller header).
+- ``counter``: the example counter, with ``count_after(seconds)``, a slow read.
+- ``echo``, ``vault`` (internal) and ``relay``: as in ``process_app`` (the caller the host
+  vouched for, a forged caller header).
 - ``ping``: ``bounce(target)`` calls ``target``'s ``back(origin)``, which calls ``origin`` back:
   the re-entry the host refuses at once (``back`` answers what it met).
 - ``kvuser``: KV puts, CAS and gets on four shards.
@@ -14,11 +15,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 import actorkeep as ak
 import queues
 import shards
-from examples.counter.app import Counter
+from examples.counter.app import Counter as ExampleCounter
 from tests.apps.process_app import Alarmer, Echo, Relay
+
+
+class Counter(ExampleCounter):
+    """The example counter, and a read that takes a while."""
+
+    @ak.rpc
+    async def count_after(self, seconds: float) -> int:
+        await trio.sleep(seconds)
+        return self.count()
+
 
 app = ak.App()
 app.mount(Counter, "counter")
