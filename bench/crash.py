@@ -345,10 +345,17 @@ class Load:
     was killed may have applied or not, and the caller is told so with one of those."""
 
     def __init__(
-        self, port: int, ledger: Ledger, rng: random.Random, cycle: int, unknown_ok: bool = False
+        self,
+        port: int | list[int],
+        ledger: Ledger,
+        rng: random.Random,
+        cycle: int,
+        unknown_ok: bool = False,
+        threads: int | None = None,
     ) -> None:
-        self.port = port
+        self.ports = [port] if isinstance(port, int) else port
         self.unknown_ok = unknown_ok
+        per_kind = THREADS if threads is None else dict.fromkeys(THREADS, threads // len(THREADS))
         self.ledger = ledger
         self.cycle = cycle
         self.answered = 0
@@ -361,7 +368,7 @@ class Load:
                 name=f"crash-{kind}-{t}",
                 daemon=True,
             )
-            for kind, count in THREADS.items()
+            for kind, count in per_kind.items()
             for t in range(count)
         ]
 
@@ -380,7 +387,8 @@ class Load:
 
     def _client(self, kind: str, t: int, rng: random.Random) -> None:
         step = {"put": self._put, "bump": self._bump, "send": self._send}[kind]
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=CLIENT_TIMEOUT)
+        port = self.ports[t % len(self.ports)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT)
         try:
             for i in range(1_000_000):
                 if self.stop.is_set() or not step(conn, t, i, rng):

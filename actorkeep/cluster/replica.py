@@ -58,7 +58,7 @@ class Replica:
         return self._seq
 
     def expect_restart(self) -> None:
-        """The log may start afresh before the next ship: everything before was shipped (the
+        """The log may start afresh from now on, once: everything before was shipped (the
         host checkpoints only after a ship)."""
         self._restart_expected = True
 
@@ -69,11 +69,14 @@ class Replica:
         changed or its state is unknown, and the host drops the actor."""
         assert self._reader is not None, "start() first"
         frames = self._reader.read()
-        expected, self._restart_expected = self._restart_expected, False
-        if frames.restarted and not expected:
-            raise LogFormatError(
-                f"{self.address}: its log started afresh with frames never shipped"
-            )
+        if frames.restarted:
+            # Expected until it is seen: a sync may ship (nothing) between the checkpoint's
+            # own ship and the write after it that starts the log afresh.
+            if not self._restart_expected:
+                raise LogFormatError(
+                    f"{self.address}: its log started afresh with frames never shipped"
+                )
+            self._restart_expected = False
         if not frames.pages:
             return None
         self._seq += 1
