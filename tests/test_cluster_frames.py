@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorkeep.cluster.frames import Frames, LogFormatError, LogReader, apply
+from actorkeep.cluster.frames import Frames, LogFormatError, LogReader, apply, squash
 
 from .walutil import open_db, rows
 
@@ -171,4 +171,26 @@ def test_any_history_restores_exactly(
             conn.execute("VACUUM")  # rewrites every page, and may shrink the file
     db.read()
     assert db.restore() == conn.serialize()
+    # Each read as one transaction (what the host ships) makes the same file.
+    assert restore(db.base, [squash(frames) for frames in db.reads]) == conn.serialize()
+    db.close()
+
+
+def test_a_squashed_batch_holds_each_page_once(tmp_path: Path) -> None:
+    db = Shipped(tmp_path / "a.sqlite")
+    for i in range(50):  # 50 transactions writing the same few pages
+        db.conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (i % 3, b"x" * 100))
+    frames = db.read()
+    squashed = squash(frames)
+    assert len(frames.pages) >= 50 and len(squashed.pages) <= 4
+    assert [p for p, _, _ in squashed.pages] == sorted({p for p, _, _ in frames.pages})
+    assert squashed.pages[-1][1] == frames.pages[-1][1]
+    assert not any(commit for _, commit, _ in squashed.pages[:-1])
+    assert db.restore() == restore(db.base, [squash(f) for f in db.reads]) == db.conn.serialize()
+    a, b, c = (bytes([x]) * 512 for x in b"abc")
+    shrinking = Frames(512, [(1, 0, a), (3, 3, b), (2, 0, c), (1, 2, a)], False)
+    assert squash(shrinking) is shrinking  # a page cut off and grown back: kept in order
+    growing = Frames(512, [(1, 0, a), (2, 2, b), (3, 0, c), (1, 3, b)], False)
+    assert squash(growing).pages == [(1, 0, b), (2, 0, b), (3, 3, c)]
+    assert apply(b"", squash(growing)) == apply(b"", growing) == b + b + c
     db.close()

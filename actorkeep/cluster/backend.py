@@ -138,7 +138,13 @@ class ClusterDatabase:
                         )
                     )
                 if write is not None:
-                    await storage.committer.commit(write)
+                    # Not past the lease: if the store does not answer before it runs out (a
+                    # host cut off), the write fails then and its callers hear 503, instead of
+                    # waiting for the connection's timeout. Its outcome is unknown.
+                    with trio.move_on_after(storage.keeper.remaining(self.partition)) as scope:
+                        await storage.committer.commit(write)
+                    if scope.cancelled_caught:
+                        raise NotServedHere(self.address)
                     storage.committed(self)
             except BaseException as exc:
                 self._failed = exc
@@ -197,8 +203,6 @@ class ClusterStorage:
         self._committer: Committer | None = None
         self._nursery: trio.Nursery | None = None
         self._refreshing = False
-        #: Called on the trio thread after each tick (the router moves its deadlines).
-        self.after_tick: list[Callable[[], None]] = []
         self._open: dict[str, ClusterDatabase] = {}  # by address
         self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
         self._synced: dict[str, trio.Event] = {}
@@ -326,8 +330,6 @@ class ClusterStorage:
     async def _follow_leases(self, nursery: trio.Nursery) -> None:
         """After a tick: the alarm index of partitions taken is loaded (their due alarms fire),
         that of partitions lost dropped; changes that no write carried are committed."""
-        for listener in self.after_tick:
-            listener()
         held, index = self.keeper.held, self.alarms
         for partition, epoch in list(index.loaded.items()):
             lease = held.get(partition)

@@ -146,6 +146,30 @@ def apply(image: bytes, frames: Frames) -> bytes:
     return bytes(out)
 
 
+def squash(frames: Frames) -> Frames:
+    """The same transactions as one: each page once, its last version, in page order, the
+    last frame giving the database's size after them. ``apply`` makes the same file of either.
+    A batch in which the database shrank (a commit smaller than one before it) is returned as
+    it is: a page cut off and grown back unwritten reads as zeros only in order."""
+    if not frames.pages:
+        return frames
+    latest: dict[int, bytes] = {}
+    size = 0
+    for page, commit, data in frames.pages:
+        latest[page] = data
+        if commit:
+            if commit < size:
+                return frames
+            size = commit
+    pages = sorted((page, data) for page, data in latest.items() if page <= size)
+    if not pages:
+        return frames
+    squashed = [(page, 0, data) for page, data in pages]
+    last_page, last_data = pages[-1]
+    squashed[-1] = (last_page, size, last_data)
+    return Frames(frames.page_size, squashed, frames.restarted)
+
+
 _BATCH = struct.Struct(">II")  # page size, frame count
 _FRAME = struct.Struct(">II")  # page number, database size after it or 0
 

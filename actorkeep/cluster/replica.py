@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .frames import LogFormatError, LogReader, apply, decode, encode
+from .frames import LogFormatError, LogReader, apply, decode, encode, squash
 from .store import ClusterStore, Write
 
 
@@ -80,7 +80,7 @@ class Replica:
         if not frames.pages:
             return None
         self._seq += 1
-        return Write(self.partition, epoch, self.address, self._seq, encode(frames))
+        return Write(self.partition, epoch, self.address, self._seq, encode(squash(frames)))
 
     def close(self) -> None:
         if self._reader is not None:
