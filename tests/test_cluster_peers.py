@@ -249,3 +249,45 @@ async def test_a_connection_lost_after_the_send_means_the_outcome_is_unknown(
     with pytest.raises(OutcomeUnknown):
         await p.call_rpc(f"127.0.0.1:{relay_port}", "a/x", (), "b/y", "wait", {}, None)
     assert local.ran  # it did reach the owner
+
+
+async def test_a_call_cancelled_mid_write_leaves_no_half_frame_behind(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    """A large call whose caller is cancelled while its frame is half written: the connection
+    is closed (the rest of the frame would be read as the next one), and the next call dials
+    again and is answered."""
+    number, local = port
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    relay_port = listeners[0].socket.getsockname()[1]
+    stalled = trio.Event()  # the first connection stops passing bytes on once this is set
+    connections = 0
+
+    async def relay(client: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections == 1
+        server = await trio.open_tcp_stream("127.0.0.1", number)
+        async with client, server, trio.open_nursery() as pipe:
+
+            async def pump(a: trio.abc.Stream, b: trio.abc.Stream, stall: bool) -> None:
+                while data := await a.receive_some():
+                    if stall and stalled.is_set():
+                        await trio.sleep_forever()
+                    await b.send_all(data)
+
+            pipe.start_soon(pump, client, server, first)
+            pipe.start_soon(pump, server, client, False)
+
+    await nursery.start(trio.serve_listeners, relay, listeners)
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{relay_port}"
+    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+    stalled.set()
+    with trio.move_on_after(1.0) as scope:
+        await p.call_rpc(peer, "a/x", (), "b/y", "m", {"big": b"x" * (32 << 20)}, None)
+    assert scope.cancelled_caught
+    with trio.fail_after(10):  # a connection left with half a frame in it answers nothing
+        got = await p.call_rpc(peer, "a/x", (), "b/y", "m", {"n": 1}, None)
+    assert got == {"echo": {"n": 1}, "caller": "a/x"} and connections == 2
+    assert all(ran[5] != {"big": b"x" * (32 << 20)} for ran in local.ran)

@@ -285,12 +285,12 @@ class Peers:
 
     async def _link(self, peer: str) -> _Link:
         link = self._links.get(peer)
-        if link is not None and not link.broken:
+        if link is not None and not link.broken and not link.channel.broken:
             return link
         lock = self._dialing.setdefault(peer, trio.Lock())
         async with lock:  # one dial at a time per peer: the others wait for its link
             link = self._links.get(peer)
-            if link is not None and not link.broken:
+            if link is not None and not link.broken and not link.channel.broken:
                 return link
             if self._nursery is None:
                 raise Unreachable("this host's peer connections are not running")
@@ -325,6 +325,7 @@ class Peers:
             except FrameTooLarge as exc:
                 raise RemoteError(413, "PayloadTooLarge", str(exc)) from None
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                link.broken = True  # the next call dials again
                 raise OutcomeUnknown(address) from None
             with trio.move_on_after(math.inf if timeout is None else timeout + GRACE) as scope:
                 try:

@@ -29,6 +29,8 @@ NONCE: Final = 16
 MAC: Final = 32
 #: The largest frame either side sends or takes (a call's body and arguments, its reply).
 MAX_FRAME: Final = 64 * 1024 * 1024
+#: Bytes queued behind a write in progress before senders wait for it.
+MAX_QUEUED: Final = 4 * 1024 * 1024
 #: How long a dialed or accepted connection may take to prove itself.
 HANDSHAKE_TIMEOUT: Final = 5.0
 
@@ -70,8 +72,9 @@ class _Reader:
 class Channel:
     """One authenticated connection: ``send`` and ``receive`` msgpack values.
 
-    ``send`` may be called from several tasks (one frame at a time goes out); ``receive``
-    from one task only.
+    ``send`` may be called from several tasks: frames go out in the order they were given, and
+    frames given while another task is writing go out with its next write (one system call for
+    a burst of replies). ``receive`` from one task only.
     """
 
     def __init__(
@@ -83,7 +86,16 @@ class Channel:
         self._out_dir, self._in_dir = (b"c", b"s") if dialer else (b"s", b"c")
         self._sent = 0
         self._received = 0
-        self._send_lock = trio.Lock()
+        self._outgoing: list[bytes] = []
+        self._queued = 0  # bytes in _outgoing
+        self._writing = False
+        self._drained = trio.Event()
+        self._broken: BaseException | None = None
+
+    @property
+    def broken(self) -> bool:
+        """Whether a write failed or was cut short (the connection is closed then)."""
+        return self._broken is not None
 
     def _sign(self, direction: bytes, number: int, body: bytes) -> bytes:
         h = self._base.copy()
@@ -92,14 +104,41 @@ class Channel:
         return h.digest()
 
     async def send(self, value: Any) -> None:
+        """Queue ``value`` and write what is queued, unless another task is writing: then it
+        goes with that task's next write (this waits only while ``MAX_QUEUED`` bytes wait).
+        ``trio.BrokenResourceError`` once a write failed."""
         body = codec.pack(value)
         if len(body) > MAX_FRAME:
             raise FrameTooLarge(f"a frame of {len(body)} bytes (at most {MAX_FRAME})")
-        async with self._send_lock:
-            number = self._sent
-            self._sent += 1
-            mac = self._sign(self._out_dir, number, body)
-            await self._stream.send_all(b"".join((_LENGTH.pack(len(body)), body, mac)))
+        if self._broken is not None:
+            raise trio.BrokenResourceError("the connection is broken") from self._broken
+        mac = self._sign(self._out_dir, self._sent, body)
+        self._sent += 1
+        self._outgoing += (_LENGTH.pack(len(body)), body, mac)
+        self._queued += len(body) + _LENGTH.size + MAC
+        if self._writing:
+            while self._writing and self._queued > MAX_QUEUED:
+                await self._drained.wait()
+            return
+        self._writing = True
+        try:
+            while self._outgoing:
+                data = b"".join(self._outgoing)
+                self._outgoing.clear()
+                self._queued = 0
+                self._drained.set()
+                self._drained = trio.Event()
+                await self._stream.send_all(data)
+        except BaseException as exc:
+            # A write cut short (cancelled, or the peer gone) leaves half a frame behind: the
+            # connection is closed, and its reader sees the end.
+            self._broken = exc
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+            raise
+        finally:
+            self._writing = False
+            self._drained.set()
 
     async def receive(self) -> Any:
         """The next value (``trio.EndOfChannel`` once the peer closed; ``PeerRefused`` for a
