@@ -12,6 +12,9 @@ The convention, which every page of docs/ follows:
   ``trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))`` from inside a fresh
   temporary working directory. Virtual time makes alarms and call timeouts instant; an example
   that waits on nothing fails after a week of virtual time instead of hanging.
+- A runnable block whose first line is ``# runnable: postgres`` needs a real PostgreSQL: it runs
+  with the real clock (for at most ``POSTGRES_TIME_LIMIT`` seconds) and finds a fresh
+  database's conninfo in the environment variable ``ACTORKEEP_POSTGRES``.
 - Every other ``python`` block is an illustration: it must compile (top-level ``await`` allowed)
   but is not run.
 
@@ -35,6 +38,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = tuple(sorted(path.name for path in DOCS.glob("*.md")))  # every page of the guide
 MARKER = "# runnable"
 TIME_LIMIT = 7 * 24 * 3600.0  # virtual seconds
+POSTGRES_MARKER = "# runnable: postgres"
+POSTGRES_TIME_LIMIT = 120.0  # real seconds
 
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -48,6 +53,10 @@ class Block:
     @property
     def runnable(self) -> bool:
         return self.source.lstrip().startswith(MARKER)
+
+    @property
+    def needs_postgres(self) -> bool:
+        return self.source.lstrip().startswith(POSTGRES_MARKER)
 
     @property
     def id(self) -> str:
@@ -80,12 +89,24 @@ def test_block_compiles(block: Block) -> None:
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
-def test_runnable_example(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runnable_example(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "actorkeep_docs_example"}
     exec(compile(block.source, block.id, "exec"), namespace)
     main = namespace.get("main")
     assert callable(main), f"{block.id}: a runnable example must define async def main()"
+    if block.needs_postgres:
+        monkeypatch.setenv("ACTORKEEP_POSTGRES", request.getfixturevalue("pg_conninfo"))
+        monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # where the app modules are
+
+        async def bounded() -> None:
+            with trio.fail_after(POSTGRES_TIME_LIMIT):
+                await main()
+
+        trio.run(bounded)
+        return
     run_example(main)
 
 

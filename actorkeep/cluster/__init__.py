@@ -1,8 +1,8 @@
-"""Several hosts over PostgreSQL (decision 0016): partitions, leases with epochs, the fenced
-commit of actors' durable writes, and those writes as SQLite's log frames. Built on the
-runtime's seams; the runtime knows nothing of it.
-
-Not wired into ``actorkeep serve`` yet: this package holds the store the cluster mode stands on.
+"""Several hosts over PostgreSQL (docs/cluster.md; decisions 0016 and 0017): partitions,
+leases with epochs, the fenced commit of actors' durable writes as SQLite's log frames, the
+alarm index, and events forwarded to their owner over signed connections. Built on the
+runtime's seams (storage, router, alarm index); the runtime knows nothing of it.
+``actorkeep serve --cluster`` puts it together (``serving.py``).
 """
 
 from __future__ import annotations
