@@ -367,3 +367,50 @@ async def test_the_next_open_waits_for_the_commit_of_a_closed_database(
         assert reopened[0].conn.execute("SELECT x FROM t").fetchall() == [(1,)]
         reopened[0].close()
         nursery.cancel_scope.cancel()
+
+
+async def test_syncs_of_one_database_never_overlap(pg_conninfo: str, tmp_path: Path) -> None:
+    """Batches of one actor must land in order, and none after one that failed: its syncs
+    (the gate's, a checkpoint's) run one at a time, however many are asked for at once."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await serving_all(a)
+        await a.ready("c", "x")
+        db = a.open_actor("c", "x")
+        db.conn.execute("CREATE TABLE t (n INTEGER)")
+        committer = a.committer
+        real_commit = committer.commit
+        running, overlaps, commits = 0, 0, 0
+
+        async def slow_commit(write: Any) -> None:
+            nonlocal running, overlaps, commits
+            running += 1
+            overlaps += running > 1
+            await trio.sleep(0.05)  # a slow round trip: another sync would start meanwhile
+            try:
+                await real_commit(write)
+            finally:
+                running -= 1
+                commits += 1
+
+        committer.commit = slow_commit  # type: ignore[method-assign]
+        async with trio.open_nursery() as syncs:
+            for n in range(6):
+                db.conn.execute("INSERT INTO t VALUES (?)", (n,))
+                syncs.start_soon(db.sync)
+                await trio.sleep(0.01)
+        assert commits >= 2 and overlaps == 0, (commits, overlaps)
+        db.close()
+        await a.settle()
+        nursery.cancel_scope.cancel()
+    b = cluster_storage(pg_conninfo, tmp_path / "b", "b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        await serving_all(b)
+        await b.ready("c", "x")
+        restored = b.open_actor("c", "x")
+        assert [n for (n,) in restored.conn.execute("SELECT n FROM t ORDER BY n")] == list(range(6))
+        restored.close()
+        nursery.cancel_scope.cancel()
