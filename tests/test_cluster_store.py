@@ -17,7 +17,7 @@ from actorkeep.cluster import (
     create,
     partition_of,
 )
-from actorkeep.cluster.store import COMMIT_FRAMES
+from actorkeep.cluster.store import COMMIT_FRAMES, COMMIT_ONE
 
 TTL, MARGIN = 0.6, 0.2
 
@@ -136,7 +136,8 @@ def test_bad_lease_arguments_are_refused(pg_conninfo: str) -> None:
     a.close()
 
 
-def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str) -> None:
+@pytest.mark.parametrize("statement", ["COMMIT_FRAMES", "COMMIT_ONE"])
+def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str, statement: str) -> None:
     """The check of a commit holds a share lock on the lease row to its end, so a takeover's
     epoch bump is ordered after the commit: the new owner sees every frame the old one made.
     The commit's very statement runs here in a transaction held open, as if the commit were
@@ -148,13 +149,19 @@ def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str) -> None:
     time.sleep(TTL + 0.1)
     took: list[object] = []
     with psycopg.connect(pg_conninfo) as raw:
-        params = {
-            "parts": [0], "epochs": [lease.epoch], "n": 1,
-            "addresses": ["c/x"], "seqs": [1], "partitions": [0], "frame_epochs": [lease.epoch],
-            "data": [b"in flight"],
-            "put_addresses": [], "put_partitions": [], "put_at": [], "dropped": [],
-        }  # fmt: skip
-        assert raw.execute(COMMIT_FRAMES, params).fetchone() == ([0],)
+        if statement == "COMMIT_FRAMES":
+            params: dict[str, object] = {
+                "parts": [0], "epochs": [lease.epoch], "n": 1,
+                "addresses": ["c/x"], "seqs": [1], "partitions": [0],
+                "frame_epochs": [lease.epoch], "data": [b"in flight"],
+                "put_addresses": [], "put_partitions": [], "put_at": [], "dropped": [],
+            }  # fmt: skip
+            query = COMMIT_FRAMES
+        else:
+            params = {"partition": 0, "epoch": lease.epoch, "address": "c/x", "seq": 1}
+            params["data"] = b"in flight"
+            query = COMMIT_ONE
+        assert raw.execute(query, params).fetchone() == ([0],)
         thread = threading.Thread(target=lambda: took.append(b.acquire(0, TTL, MARGIN)))
         thread.start()
         thread.join(0.5)

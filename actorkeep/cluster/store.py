@@ -118,6 +118,18 @@ COMMIT_FRAMES = (
 )
 
 
+#: ``COMMIT_FRAMES`` for one write and no alarm change, with plain parameters: adapting a
+#: dozen one-element arrays costs psycopg about 0.1 ms of Python, a third of a round trip.
+COMMIT_ONE = (
+    "WITH held AS (SELECT partition FROM actorkeep_leases WHERE partition = %(partition)s "
+    "AND epoch = %(epoch)s FOR SHARE), "
+    "ins AS (INSERT INTO actorkeep_frames (address, seq, partition, epoch, data) "
+    "SELECT %(address)s, %(seq)s, %(partition)s, %(epoch)s, %(data)b WHERE EXISTS "
+    "(SELECT 1 FROM held)) "
+    "SELECT array_agg(partition) FROM held"
+)
+
+
 class Fenced(Exception):
     """A partition's epoch has moved on: another host owns it now. Nothing was written."""
 
@@ -340,6 +352,14 @@ class ClusterStore:
         put = [a for a in alarms if a.at is not None]
         parts = sorted(epochs)
         # One statement, so one round trip and its own transaction (autocommit).
+        if len(writes) == 1 and not alarms:
+            w = writes[0]
+            one = {"partition": w.partition, "epoch": w.epoch, "address": w.address}
+            row = self._conn.execute(COMMIT_ONE, {**one, "seq": w.seq, "data": w.data}).fetchone()
+            assert row is not None
+            if not row[0]:
+                raise Fenced([w.partition])
+            return
         row = self._conn.execute(
             COMMIT_FRAMES,
             {
