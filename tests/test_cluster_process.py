@@ -1,6 +1,7 @@
-"""Two ``actorkeep serve --cluster`` processes over one real PostgreSQL (tests/pg.py): every
-durable write acknowledged by a host killed with kill -9 is served by the other once the dead
-host's leases have expired, and a planned stop hands its partitions over at once."""
+"""``actorkeep serve --cluster`` processes over one real PostgreSQL (tests/pg.py): every durable
+write acknowledged by a host killed with kill -9 is served by the other once the dead host's
+leases have expired, a planned stop hands its partitions over at once, a paused host answers
+nothing once its lease ran out, and a rolling restart of three hosts answers only 200 and 503."""
 
 from __future__ import annotations
 
@@ -159,18 +160,17 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
 def test_a_rolling_restart_under_load_answers_nothing_but_200_and_503(
     pg_conninfo: str, tmp_path: Path
 ) -> None:
-    """Both hosts are restarted in turn (SIGTERM, then a new process on the same directory)
-    while a client keeps incrementing counters through whichever host serves each: no answer
-    but 200 or 503, no connection refused for long, and every acknowledged increment is in
+    """All three hosts are restarted in turn (SIGTERM, then a new process on the same
+    directory) while a client keeps incrementing counters through the hosts in turn (each
+    forwards to the owner): no answer but 200 or 503, and every acknowledged increment is in
     the final counts (a 503 may or may not have applied: a host that closes answers what it
     was running with 503)."""
     import signal
     import threading
 
     args = cluster_args(pg_conninfo)
-    a = Server(COUNTER_APP, tmp_path / "a", args)
-    b = Server(COUNTER_APP, tmp_path / "b", args)
-    hosts = [a, b]
+    first = [Server(COUNTER_APP, tmp_path / name, args) for name in "abc"]
+    hosts = list(first)
     try:
         time.sleep(TTL)
         acked = dict.fromkeys(range(COUNTERS), 0)
@@ -197,7 +197,7 @@ def test_a_rolling_restart_under_load_answers_nothing_but_200_and_503(
         thread = threading.Thread(target=client)
         thread.start()
         try:
-            for k in (0, 1):
+            for k in (0, 1, 2):
                 time.sleep(1.0)
                 assert hosts[k].stop(signal.SIGTERM, timeout=15) == 0
                 hosts[k] = Server(COUNTER_APP, hosts[k].data, args)
@@ -213,5 +213,5 @@ def test_a_rolling_restart_under_load_answers_nothing_but_200_and_503(
             assert status == 200, body
             assert acked[i] <= body["n"] <= acked[i] + unsure[i], (i, acked[i], body, unsure[i])
     finally:
-        for server in [*hosts, a, b]:
+        for server in [*hosts, *first]:
             server.close()
