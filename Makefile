@@ -41,6 +41,8 @@ bench: $(VENV)/.test-deps
 	$(BIN)/python bench/gates.py
 	$(BIN)/python bench/cluster_commit.py
 	$(BIN)/python bench/cluster_failover.py
+	$(BIN)/python bench/cluster_actors.py
+	$(BIN)/python bench/cluster_crash.py
 
 clean:
 	rm -rf $(VENV) data .mypy_cache .pytest_cache .ruff_cache

@@ -15,7 +15,7 @@ superseded, no version names two values, no counter lost or gained an increment,
 acknowledged send delivered or dead-lettered exactly once. A 500 or 503 answer during a
 failover counts as an unanswered request (the call may have applied).
 
-    python bench/cluster_crash.py [--cycles 10] [--seed N]
+    python bench/cluster_crash.py [--quick] [--cycles 10] [--seed N]
 
 It starts its own PostgreSQL under a temporary directory (tests/pg.py).
 ``tests/test_cluster_failover.py`` runs ``run()`` with one cycle.
@@ -223,8 +223,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=10, help="kill -9 cycles (default 10)")
+    parser.add_argument("--quick", action="store_true", help="one cycle (smoke test)")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one")
     args = parser.parse_args()
+    if args.quick:
+        args.cycles = 1
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"cluster crash suite: seed {seed}, {args.cycles} cycles", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="actorkeep-cluster-crash-"))

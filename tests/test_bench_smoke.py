@@ -59,6 +59,14 @@ def test_cluster_failover_quick_run() -> None:
     assert "failover, kill -9 to the other host's first answer" in out, out
 
 
+def test_cluster_actors_quick_run() -> None:
+    """bench/cluster_actors.py --quick: a primary and its standby, 3 hosts, every side, each
+    target line."""
+    out = run_quick("cluster_actors", timeout=240)
+    for line in ("an actor's durable write:", "32 callers on the shard's host:", "mixed load"):
+        assert line in out, out
+
+
 @pytest.mark.slow
 def test_load_quick_run() -> None:
     """bench/load.py --quick: 200 clients for 5 s against a real host; no error, nothing lost."""
