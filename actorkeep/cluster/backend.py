@@ -260,8 +260,10 @@ class ClusterStorage:
 
         async def fold() -> None:
             try:
-                await self.in_thread(lambda: compact(self.store, address, db.partition, db.epoch))
-                self._batches[address] = max(0, self._batches.get(address, 0) - n)
+                folded = await self.in_thread(
+                    lambda: compact(self.store, address, db.partition, db.epoch)
+                )  # batches committed meanwhile stay counted
+                self._batches[address] = max(0, self._batches.get(address, 0) - folded)
             except Exception as exc:  # fenced, or the store unreachable: the next batch tries
                 log.info("could not compact an actor's batches", address=address, error=repr(exc))
             finally:

@@ -70,7 +70,9 @@ class Host:
     ``alarm_scheduler`` is the class of the alarm scheduler and ``gate`` that of the actors'
     output gates: subclasses only for the simulator's planted bugs. ``router(host)`` makes the
     router every call and outside request goes through (``LocalRouter``: this host serves
-    every address; the cluster's checks its leases).
+    every address; the cluster's checks its leases and forwards the rest), and
+    ``alarm_index(host_db)`` the alarm index (``LocalAlarmIndex``, in the host database; the
+    cluster's is in PostgreSQL).
     """
 
     def __init__(
