@@ -193,6 +193,27 @@ def test_push_delivery_to_a_consumer_on_another_host(cluster: Cluster) -> None:
         time.sleep(0.1)
 
 
+def test_queue_leases_across_hosts(cluster: Cluster) -> None:
+    """Pull consumers on two hosts lease from a queue on the third: each message to one of
+    them, a stale ack refused, an unacknowledged lease given again (attempt 2) once it
+    expires."""
+    producer = f"producer/{cluster.name_on('producer', 0)}"
+    queue = f"queue/{cluster.name_on('queue', 1, avoid=('queue/' + cluster.name_on('queue', 1),))}"
+    pullers = [f"puller/{cluster.name_on('puller', h)}" for h in (0, 2)]
+    ids = cluster.rpc(1, producer, "send", queue=queue, tags=["a", "b", "c", "d"])
+    first = cluster.rpc(2, pullers[0], "lease", queue=queue, max=2, visibility=30.0)
+    second = cluster.rpc(0, pullers[1], "lease", queue=queue, max=2, visibility=1.0)
+    assert sorted(m[0] for m in first + second) == ids and all(m[1] == 1 for m in first)
+    for m in first:
+        assert cluster.rpc(1, pullers[0], "ack", queue=queue, id=m[0], attempt=m[1]) is True
+        assert cluster.rpc(2, pullers[1], "ack", queue=queue, id=m[0], attempt=m[1]) is False
+    time.sleep(1.2)  # the second puller's leases expire: given again
+    again = cluster.rpc(1, pullers[0], "lease", queue=queue, max=10, visibility=30.0)
+    assert sorted((m[0], m[1]) for m in again) == sorted((m[0], 2) for m in second)
+    stale = second[0]
+    assert cluster.rpc(0, pullers[1], "ack", queue=queue, id=stale[0], attempt=1) is False
+
+
 def test_alarms_fire_on_a_cluster_host(cluster: Cluster) -> None:
     name = cluster.name_on("alarmer", 1)
     armed = cluster.rpc(0, f"alarmer/{name}", "arm", delay=0.3)

@@ -122,14 +122,22 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
             acked[i] = n
         mine = [i for i in range(COUNTERS) if owner_port(pg_conninfo, i, [a, b]) == a.port]
         assert mine, "a serves nothing"
+        assert len(mine) >= 2, mine
         running: list[int] = []
+        writing: list[int] = []
         slow = threading.Thread(
             target=lambda: running.append(
                 a.rpc(f"/counter/c{mine[0]}/_rpc/count_after", {"seconds": 0.5}).status
             )
         )
+        slow_write = threading.Thread(
+            target=lambda: writing.append(
+                a.rpc(f"/counter/c{mine[-1]}/_rpc/incr_after", {"seconds": 0.5}).status
+            )
+        )
         slow.start()
-        time.sleep(0.2)  # the read runs on a...
+        slow_write.start()
+        time.sleep(0.2)  # the read and the write run on a...
         a.proc.send_signal(signal.SIGSTOP)  # ...when a stops
         try:
             for i in mine:  # b takes them over once a's leases expire, and writes on
@@ -141,7 +149,9 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
         finally:
             a.proc.send_signal(signal.SIGCONT)
         slow.join(15)
+        slow_write.join(15)
         assert running == [503], running  # no answer left a after its lease ran out
+        assert writing == [503], writing  # nor for the write, fenced: b's counts stay (below)
         wrong = []
         end = time.monotonic() + 3 * TTL
         while time.monotonic() < end:  # a wakes up: it rejoins, and takes a share again
@@ -151,7 +161,7 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
                     if reply.status == 200 and reply.json()["n"] != acked[i]:
                         wrong.append((server.port, i, reply.json()))
                     assert reply.status in (200, 503), reply
-        assert wrong == []  # never a count it held before the pause
+        assert wrong == []  # never a count it held before the pause (nor one past b's)
         for i in range(COUNTERS):  # and every counter is served by one of them
             status, body = first_answer([a, b], f"/counter/c{i}/", 4 * TTL)
             assert status == 200 and body["n"] == acked[i], (i, body)

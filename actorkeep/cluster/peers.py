@@ -228,12 +228,22 @@ async def serve_peers(
 
 
 # -- the dialing side ---------------------------------------------------------------------------
+class _Slot:
+    """Where one call's reply lands: ``reply`` is None if the connection ended first."""
+
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.reply: list[Any] | None = None
+
+
 class _Link:
     """One connection to a peer, shared by every call to it."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.waiting: dict[int, trio.MemorySendChannel[list[Any]]] = {}
+        self.waiting: dict[int, _Slot] = {}
         self.next_id = 0
         self.broken = False
 
@@ -245,7 +255,8 @@ class _Link:
                     raise PeerRefused("a reply of the wrong shape")
                 slot = self.waiting.pop(msg[0], None)
                 if slot is not None:
-                    slot.send_nowait(msg)
+                    slot.reply = msg
+                    slot.done.set()
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except PeerRefused as exc:
@@ -253,7 +264,7 @@ class _Link:
         finally:
             self.broken = True
             for slot in self.waiting.values():
-                slot.close()
+                slot.done.set()  # no reply: the outcome is unknown
             self.waiting.clear()
             with trio.CancelScope(shield=True):
                 await self.channel.aclose()
@@ -317,8 +328,7 @@ class Peers:
         link = await self._link(peer)
         call_id = link.next_id
         link.next_id += 1
-        send, receive = trio.open_memory_channel[list[Any]](1)
-        link.waiting[call_id] = send
+        slot = link.waiting[call_id] = _Slot()
         try:
             try:
                 await link.channel.send([call_id, *request])
@@ -327,15 +337,18 @@ class Peers:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 link.broken = True  # the next call dials again
                 raise OutcomeUnknown(address) from None
-            with trio.move_on_after(math.inf if timeout is None else timeout + GRACE) as scope:
-                try:
-                    reply = await receive.receive()
-                except trio.EndOfChannel:
-                    raise OutcomeUnknown(address) from None
-            if scope.cancelled_caught:
-                raise CallTimeout(f"{address} did not answer in {timeout} s")
+            if timeout is None:
+                await slot.done.wait()
+            else:
+                with trio.move_on_after(timeout + GRACE):
+                    await slot.done.wait()
+                if not slot.done.is_set():
+                    raise CallTimeout(f"{address} did not answer in {timeout} s")
         finally:
             link.waiting.pop(call_id, None)
+        reply = slot.reply
+        if reply is None:
+            raise OutcomeUnknown(address)
         _, status, result = reply
         if status != _OK:
             _raise_error(result, address)

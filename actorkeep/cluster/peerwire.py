@@ -57,16 +57,20 @@ class _Reader:
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self._at = 0  # where the unread bytes of _buffer start
 
     async def exactly(self, n: int) -> bytes:
-        while len(self._buffer) < n:
+        while len(self._buffer) - self._at < n:
+            if self._at:  # move what is unread to the front once, not after every read
+                del self._buffer[: self._at]
+                self._at = 0
             chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
             if not chunk:
                 raise trio.EndOfChannel("the peer closed the connection")
             self._buffer += chunk
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
+        at = self._at
+        self._at = at + n
+        return bytes(self._buffer[at : at + n])
 
 
 class Channel:

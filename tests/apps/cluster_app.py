@@ -1,6 +1,7 @@
 """The app ``tests/test_cluster_hosts.py`` serves on three cluster hosts.
 
-- ``counter``: the example counter, with ``count_after(seconds)``, a slow read.
+- ``counter``: the example counter, with ``count_after(seconds)``, a slow read, and
+  ``incr_after(seconds)``, a slow durable increment.
 - ``echo``, ``vault`` (internal) and ``relay``: as in ``process_app`` (the caller the host
   vouched for, a forged caller header).
 - ``ping``: ``bounce(target)`` calls ``target``'s ``back(origin)``, which calls ``origin`` back:
@@ -8,6 +9,7 @@
 - ``kvuser``: KV puts, CAS and gets on four shards.
 - ``producer``, ``worker``: sends to a push queue whose consumer, a ``worker``, records every
   message it is handed, durably.
+- ``puller``: leases and acks messages of a queue (pull).
 - ``alarmer``: as in ``process_app``.
 """
 
@@ -31,6 +33,12 @@ class Counter(ExampleCounter):
     async def count_after(self, seconds: float) -> int:
         await trio.sleep(seconds)
         return self.count()
+
+    @ak.rpc
+    async def incr_after(self, seconds: float) -> int:
+        """A durable increment that waits first."""
+        await trio.sleep(seconds)
+        return await self.incr_durable(1)
 
 
 app = ak.App()
@@ -89,6 +97,20 @@ class Producer(ak.Actor):
     @ak.rpc
     async def send(self, queue: str, tags: list[str]) -> list[int]:
         return await ak.queue.Client(queue).send_batch([t.encode() for t in tags])
+
+
+@app.actor("puller")
+class Puller(ak.Actor):
+    """Pulls from a queue: ``lease`` answers ``[id, attempt, body]`` of each message leased."""
+
+    @ak.rpc
+    async def lease(self, queue: str, max: int, visibility: float) -> list[list[Any]]:
+        leases = await ak.queue.Client(queue).lease(max=max, visibility=visibility)
+        return [[x.id, x.attempt, x.body.decode()] for x in leases]
+
+    @ak.rpc
+    async def ack(self, queue: str, id: int, attempt: int) -> bool:
+        return await ak.queue.Client(queue).ack(id, attempt)
 
 
 @app.actor("worker")
