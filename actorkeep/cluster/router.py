@@ -92,7 +92,7 @@ class ClusterRouter:
         self,
         address: str,
         timeout: float | None,
-        here: Callable[[], Awaitable[T]],
+        here: Callable[[float | None], Awaitable[T]],
         there: Callable[[str, float | None], Awaitable[T]],
     ) -> T:
         partition = self._partition(address)
@@ -100,20 +100,19 @@ class ClusterRouter:
         end = start + (self.retry_for if timeout is None else timeout)
         pause = _FIRST_PAUSE
         while True:
+            left = None if timeout is None else max(end - trio.current_time(), 1e-3)
             if self._keeper.lease_for(partition) is not None:
                 try:
-                    return await here()
+                    return await here(left)
                 except Elsewhere:  # the lease ran out just now
                     pass
             else:
                 peer = self._keeper.owner_of(partition)
                 if peer is not None and self._peers is not None:
-                    left = None if timeout is None else end - trio.current_time()
-                    if left is None or left > 0:
-                        try:
-                            return await there(peer, left)
-                        except (Elsewhere, Unreachable, HostClosed):
-                            pass  # it moved, the owner died, or it is stopping: look again
+                    try:
+                        return await there(peer, left)
+                    except (Elsewhere, Unreachable, HostClosed):
+                        pass  # it moved, the owner died, or it is stopping: look again
             if trio.current_time() + pause > end:
                 raise NotServedHere(address)
             self._refresh_owners()  # in the background: the store may not answer for a while
@@ -129,8 +128,8 @@ class ClusterRouter:
         chain: tuple[str, ...],
         timeout: float | None,
     ) -> Response:
-        async def here() -> Response:
-            return await self.deliver_local(class_name, name, request, chain, timeout)
+        async def here(left: float | None) -> Response:
+            return await self.deliver_local(class_name, name, request, chain, left)
 
         async def there(peer: str, left: float | None) -> Response:
             assert self._peers is not None
@@ -147,8 +146,8 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
-        async def here() -> Any:
-            return await self.call_rpc_local(caller, chain, address, method, args, timeout)
+        async def here(left: float | None) -> Any:
+            return await self.call_rpc_local(caller, chain, address, method, args, left)
 
         async def there(peer: str, left: float | None) -> Any:
             assert self._peers is not None
