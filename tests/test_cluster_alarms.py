@@ -1,6 +1,7 @@
-"""Alarms in a cluster (actorkeep/cluster/alarms.py) over a real PostgreSQL: the index entry
-commits with the frames that set the alarm, the host that takes a partition over fires its due
-alarms without being asked, and an alarm that fired is gone from the index for the next host."""
+"""Alarms in a cluster (actorkeep/cluster/alarms.py) over a real PostgreSQL: the host that takes
+a partition over fires its due alarms without being asked, and an alarm that fired is gone
+from the index for the next host. (That the index's changes commit with their frames or not at
+all is in tests/test_cluster_store.py, for both stores.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 import trio
 
 import actorkeep as ak
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
 from actorkeep.cluster.backend import ClusterStorage
-from actorkeep.cluster.store import AlarmChange, Fenced, Write
 from actorkeep.testing import open_host
 
 SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
@@ -50,32 +49,6 @@ def index_rows(conninfo: str) -> list[tuple[str, float]]:
     with psycopg.connect(conninfo) as conn:
         rows = conn.execute("SELECT address, at FROM actorkeep_alarms ORDER BY address").fetchall()
     return [(str(a), float(at)) for a, at in rows]
-
-
-def test_alarm_changes_commit_with_the_frames_or_not_at_all(pg_conninfo: str) -> None:
-    create(pg_conninfo, 2)
-    a = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
-    b = ClusterStore(pg_conninfo, "b", clock=time.monotonic)
-    lease = a.acquire(0, 0.5, 0.1)
-    assert lease is not None
-    a.commit([Write(0, lease.epoch, "c/x", 1, b"f")], [AlarmChange(0, lease.epoch, "c/x", 5.0)])
-    assert a.alarms_of([0]) == [(0, "c/x", 5.0)] and a.alarms_of([1]) == []
-    a.commit([], [AlarmChange(0, lease.epoch, "c/x", 7.5), AlarmChange(0, lease.epoch, "c/y", 1)])
-    assert sorted(a.alarms_of([0, 1])) == [(0, "c/x", 7.5), (0, "c/y", 1.0)]
-    a.commit([], [AlarmChange(0, lease.epoch, "c/y", None)])
-    assert a.alarms_of([0]) == [(0, "c/x", 7.5)]
-    time.sleep(0.6)
-    taken = b.acquire(0, 0.5, 0.1)
-    assert taken is not None
-    drop = AlarmChange(0, lease.epoch, "c/x", None)
-    with pytest.raises(Fenced) as fenced:  # the old owner's change and frames fail together
-        a.commit([Write(0, lease.epoch, "c/x", 2, b"g")], [drop])
-    assert fenced.value.partitions == [0]
-    with pytest.raises(Fenced):  # a change alone is fenced as well
-        a.commit([], [drop])
-    assert b.alarms_of([0]) == [(0, "c/x", 7.5)] and b.frames("c/x") == [(1, b"f")]
-    a.close()
-    b.close()
 
 
 async def call(t: Any, path: str, deadline: float = 10.0, **args: Any) -> Any:

@@ -1,14 +1,18 @@
-"""A host's leases (actorkeep/cluster/keeper.py) on a real PostgreSQL: a fair share among the
-live hosts, partitions handed over when a host joins or leaves, taken over when one dies, and
-served only while the host's own clock says the lease holds."""
+"""A host's leases (actorkeep/cluster/keeper.py) on a real PostgreSQL and on the simulator's
+in-memory store (sim/cluster_store.py): a fair share among the live hosts, partitions handed
+over when a host joins or leaves, taken over when one dies, and served only while the host's
+own clock says the lease holds."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
+from actorkeep.cluster.records import Store
+from sim.cluster_store import MemoryCluster
 
 SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
 PARTITIONS = 8
@@ -22,22 +26,63 @@ class Clock:
         return self.now
 
 
-def keeper(conninfo: str, host: str, clock: Clock | None = None) -> LeaseKeeper:
-    c = clock or Clock()
-    return LeaseKeeper(ClusterStore(conninfo, host, clock=c), SETTINGS, c)
+class Stores:
+    """``make(partitions)`` creates a cluster; ``keeper(host, clock=None)`` opens a host's
+    keeper on it; ``wait(seconds)`` lets the store's clock run."""
+
+    def __init__(
+        self, open_store: Callable[[int, str, Clock], Store], wait: Callable[[float], None]
+    ) -> None:
+        self._open_store = open_store
+        self.wait = wait
+        self.partitions = 0
+
+    def make(self, partitions: int) -> None:
+        self.partitions = partitions
+
+    def keeper(self, host: str, clock: Clock | None = None) -> LeaseKeeper:
+        c = clock or Clock()
+        return LeaseKeeper(self._open_store(self.partitions, host, c), SETTINGS, c)
 
 
-def test_one_host_takes_every_partition(pg_conninfo: str) -> None:
-    create(pg_conninfo, PARTITIONS)
-    a = keeper(pg_conninfo, "a")
+@pytest.fixture(params=["postgres", "memory"])
+def stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
+    if request.param == "postgres":
+        conninfo = request.getfixturevalue("pg_conninfo")
+        created: set[int] = set()
+
+        def open_pg(partitions: int, host: str, clock: Clock) -> Store:
+            if partitions not in created:
+                create(conninfo, partitions)
+                created.add(partitions)
+            return ClusterStore(conninfo, host, clock=clock)
+
+        yield Stores(open_pg, time.sleep)
+        return
+    now = [1000.0]
+    clusters: dict[int, MemoryCluster] = {}
+
+    def open_memory(partitions: int, host: str, clock: Clock) -> Store:
+        cluster = clusters.setdefault(partitions, MemoryCluster(partitions, lambda: now[0]))
+        return cluster.connect(host, clock)
+
+    def wait(seconds: float) -> None:
+        now[0] += seconds
+
+    yield Stores(open_memory, wait)
+
+
+def test_one_host_takes_every_partition(stores: Stores) -> None:
+    stores.make(PARTITIONS)
+    a = stores.keeper("a")
     a.tick()
     assert sorted(a.held) == list(range(PARTITIONS))
     assert all(lease.epoch == 1 for lease in a.held.values())
 
 
-def test_a_host_that_joins_gets_its_share_from_the_others(pg_conninfo: str) -> None:
-    create(pg_conninfo, PARTITIONS)
-    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+def test_a_host_that_joins_gets_its_share_from_the_others(stores: Stores) -> None:
+    stores.make(PARTITIONS)
+    a, b = stores.keeper("a"), stores.keeper("b")
     a.tick()
     b.tick()  # alive now, but every partition is a's
     assert b.held == {}
@@ -50,28 +95,28 @@ def test_a_host_that_joins_gets_its_share_from_the_others(pg_conninfo: str) -> N
 
 
 def test_the_partitions_of_a_host_that_dies_are_taken_once_its_leases_expire(
-    pg_conninfo: str,
+    stores: Stores,
 ) -> None:
-    create(pg_conninfo, PARTITIONS)
-    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+    stores.make(PARTITIONS)
+    a, b = stores.keeper("a"), stores.keeper("b")
     for k in (a, b, a, b):
         k.tick()
     theirs = {p: lease.epoch for p, lease in a.held.items()}
-    time.sleep(0.2)
+    stores.wait(0.2)
     b.tick()  # a is still alive by PostgreSQL's clock: b takes nothing of it
     assert set(b.held).isdisjoint(theirs)
-    time.sleep(SETTINGS.ttl + 0.1)  # a stopped ticking: killed, or cut off
+    stores.wait(SETTINGS.ttl + 0.1)  # a stopped ticking: killed, or cut off
     b.tick()
     assert sorted(b.held) == list(range(PARTITIONS))
     assert all(b.held[p].epoch == epoch + 1 for p, epoch in theirs.items())  # fenced
 
 
 def test_a_lease_is_served_only_while_the_host_s_own_clock_says_it_holds(
-    pg_conninfo: str,
+    stores: Stores,
 ) -> None:
-    create(pg_conninfo, 2)
+    stores.make(2)
     clock = Clock()
-    a = keeper(pg_conninfo, "a", clock)
+    a = stores.keeper("a", clock)
     a.tick()
     assert a.lease_for(0) is not None and a.lease_for(5) is None
     clock.now += SETTINGS.ttl - SETTINGS.margin  # paused through its lease, less the margin
@@ -80,9 +125,9 @@ def test_a_lease_is_served_only_while_the_host_s_own_clock_says_it_holds(
     assert a.lease_for(0) is not None
 
 
-def test_a_planned_stop_hands_every_partition_over_at_once(pg_conninfo: str) -> None:
-    create(pg_conninfo, PARTITIONS)
-    a, b = keeper(pg_conninfo, "a"), keeper(pg_conninfo, "b")
+def test_a_planned_stop_hands_every_partition_over_at_once(stores: Stores) -> None:
+    stores.make(PARTITIONS)
+    a, b = stores.keeper("a"), stores.keeper("b")
     a.tick()
     b.tick()
     a.release_all()

@@ -1,10 +1,14 @@
 """The cluster's store on a real PostgreSQL (tests/pg.py): partitions, leases decided by
-PostgreSQL's clock, epochs that grow at every takeover, and commits fenced by them."""
+PostgreSQL's clock, epochs that grow at every takeover, and commits fenced by them. The checks
+of what a store promises run against the simulator's in-memory model too (``sim/cluster_store``,
+its clock moved by hand): the two must agree."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -17,13 +21,52 @@ from actorkeep.cluster import (
     create,
     partition_of,
 )
+from actorkeep.cluster.records import AlarmChange, Store
 from actorkeep.cluster.store import COMMIT_FRAMES, COMMIT_ONE
+from sim.cluster_store import MemoryCluster
 
 TTL, MARGIN = 0.6, 0.2
 
 
 def store(conninfo: str, host: str, clock: float | None = None) -> ClusterStore:
     return ClusterStore(conninfo, host, clock=time.monotonic if clock is None else lambda: clock)
+
+
+@dataclass
+class Backend:
+    """A store to check: ``make(partitions)`` creates a cluster and gives the function that
+    opens one host's handle (``open(host, clock=None)``: a host clock held at ``clock``, or
+    running); ``wait(seconds)`` lets the store's own clock run."""
+
+    make: Callable[[int], Callable[..., Store]]
+    wait: Callable[[float], None]
+
+
+@pytest.fixture(params=["postgres", "memory"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "postgres":
+        conninfo = request.getfixturevalue("pg_conninfo")
+
+        def make_pg(partitions: int) -> Callable[..., Store]:
+            create(conninfo, partitions)
+            return lambda host, clock=None: store(conninfo, host, clock)
+
+        yield Backend(make_pg, time.sleep)
+        return
+    now = [1000.0]
+
+    def make_memory(partitions: int) -> Callable[..., Store]:
+        cluster = MemoryCluster(partitions, clock=lambda: now[0])
+
+        def open_(host: str, clock: float | None = None) -> Store:
+            return cluster.connect(host, (lambda: now[0]) if clock is None else (lambda: clock))
+
+        return open_
+
+    def wait(seconds: float) -> None:
+        now[0] += seconds
+
+    yield Backend(make_memory, wait)
 
 
 def test_partition_of_is_stable_and_in_range() -> None:
@@ -52,16 +95,16 @@ def test_a_store_needs_a_created_cluster(pg_conninfo: str) -> None:
         store(pg_conninfo, "a")
 
 
-def test_one_owner_until_the_lease_expires_by_postgres_clock(pg_conninfo: str) -> None:
-    create(pg_conninfo, 4)
+def test_one_owner_until_the_lease_expires_by_postgres_clock(backend: Backend) -> None:
+    open_ = backend.make(4)
     # The hosts' own clocks stand still: only PostgreSQL's clock decides expiry.
-    a, b = store(pg_conninfo, "a", clock=100.0), store(pg_conninfo, "b", clock=5.0)
+    a, b = open_("a", clock=100.0), open_("b", clock=5.0)
     lease = a.acquire(0, TTL, MARGIN)
     assert lease is not None and lease.epoch == 1
     assert lease.until == pytest.approx(100.0 + TTL - MARGIN)  # from before the request
     assert b.acquire(0, TTL, MARGIN) is None
     assert a.acquire(0, TTL, MARGIN) is None  # not even its owner takes it twice
-    time.sleep(TTL + 0.1)
+    backend.wait(TTL + 0.1)
     taken = b.acquire(0, TTL, MARGIN)
     assert taken is not None and taken.epoch == 2
     assert a.renew([lease], TTL, MARGIN) == []  # lost: a must stop serving partition 0
@@ -71,14 +114,14 @@ def test_one_owner_until_the_lease_expires_by_postgres_clock(pg_conninfo: str) -
     b.close()
 
 
-def test_a_fenced_owner_commits_nothing(pg_conninfo: str) -> None:
-    create(pg_conninfo, 4)
-    a, b = store(pg_conninfo, "a"), store(pg_conninfo, "b")
+def test_a_fenced_owner_commits_nothing(backend: Backend) -> None:
+    open_ = backend.make(4)
+    a, b = open_("a"), open_("b")
     p = partition_of("counter/x", 4)
     old = a.acquire(p, TTL, MARGIN)
     assert old is not None
     a.commit([Write(p, old.epoch, "counter/x", 1, b"one")])
-    time.sleep(TTL + 0.1)  # a is paused past its lease...
+    backend.wait(TTL + 0.1)  # a is paused past its lease...
     new = b.acquire(p, TTL, MARGIN)
     assert new is not None and new.epoch == old.epoch + 1
     with pytest.raises(Fenced) as fenced:  # ...and wakes up to write: refused
@@ -91,12 +134,12 @@ def test_a_fenced_owner_commits_nothing(pg_conninfo: str) -> None:
     b.close()
 
 
-def test_a_commit_is_all_or_nothing_across_partitions(pg_conninfo: str) -> None:
-    create(pg_conninfo, 2)
-    a, b = store(pg_conninfo, "a"), store(pg_conninfo, "b")
+def test_a_commit_is_all_or_nothing_across_partitions(backend: Backend) -> None:
+    open_ = backend.make(2)
+    a, b = open_("a"), open_("b")
     l0, l1 = a.acquire(0, TTL, MARGIN), a.acquire(1, TTL, MARGIN)
     assert l0 is not None and l1 is not None
-    time.sleep(TTL + 0.1)
+    backend.wait(TTL + 0.1)
     assert a.renew([l0], TTL, MARGIN) == []  # expired; a renews nothing that lapsed
     assert b.acquire(1, TTL, MARGIN) is not None  # only partition 1 changes hands
     writes = [Write(0, l0.epoch, "c/zero", 1, b"0"), Write(1, l1.epoch, "c/one", 1, b"1")]
@@ -110,9 +153,9 @@ def test_a_commit_is_all_or_nothing_across_partitions(pg_conninfo: str) -> None:
     b.close()
 
 
-def test_release_hands_a_partition_over_at_once(pg_conninfo: str) -> None:
-    create(pg_conninfo, 2)
-    a, b = store(pg_conninfo, "a"), store(pg_conninfo, "b")
+def test_release_hands_a_partition_over_at_once(backend: Backend) -> None:
+    open_ = backend.make(2)
+    a, b = open_("a"), open_("b")
     lease = a.acquire(1, 30.0, 1.0)
     assert lease is not None and b.acquire(1, 30.0, 1.0) is None
     a.release([lease])
@@ -172,3 +215,45 @@ def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str, statement: st
     assert b.frames("c/x") == [(1, b"in flight")]
     a.close()
     b.close()
+
+
+def test_alarm_changes_commit_with_their_frames_or_not_at_all(backend: Backend) -> None:
+    open_ = backend.make(2)
+    a, b = open_("a"), open_("b")
+    lease = a.acquire(0, TTL, MARGIN)
+    assert lease is not None
+    e = lease.epoch
+    a.commit([Write(0, e, "c/x", 1, b"f")], [AlarmChange(0, e, "c/x", 5.0)])
+    assert a.alarms_of([0]) == [(0, "c/x", 5.0)] and a.alarms_of([1]) == []
+    a.commit([], [AlarmChange(0, e, "c/x", 7.5), AlarmChange(0, e, "c/y", 1)])
+    assert sorted(a.alarms_of([0, 1])) == [(0, "c/x", 7.5), (0, "c/y", 1.0)]
+    a.commit([], [AlarmChange(0, e, "c/y", None)])
+    assert a.alarms_of([0]) == [(0, "c/x", 7.5)]
+    backend.wait(TTL + 0.1)
+    assert b.acquire(0, TTL, MARGIN) is not None
+    with pytest.raises(Fenced):  # the old owner's change and frames fail together
+        a.commit([Write(0, e, "c/x", 2, b"g")], [AlarmChange(0, e, "c/x", None)])
+    assert b.alarms_of([0]) == [(0, "c/x", 7.5)] and b.frames("c/x") == [(1, b"f")]
+    a.close()
+    b.close()
+
+
+def test_images_and_batches_load_in_one_snapshot(backend: Backend) -> None:
+    open_ = backend.make(2)
+    a = open_("a")
+    lease = a.acquire(1, 30.0, 1.0)
+    assert lease is not None
+    e = lease.epoch
+    a.compact(1, e, "c/z", 0, b"image0")
+    for seq in (1, 2, 3):
+        a.commit([Write(1, e, "c/z", seq, bytes([seq]))])
+    assert a.load("c/z") == (0, b"image0", [(1, b"\x01"), (2, b"\x02"), (3, b"\x03")])
+    a.compact(1, e, "c/z", 2, b"image2")  # folds batches 1 and 2
+    assert a.load("c/z") == (2, b"image2", [(3, b"\x03")])
+    a.compact(1, e, "c/z", 1, b"older")  # an older image never replaces a newer one
+    assert a.load("c/z") == (2, b"image2", [(3, b"\x03")])
+    a.heartbeat(30.0, "10.0.0.1:9000")
+    assert a.owners() == {1: ("a", "10.0.0.1:9000")}
+    a.release([lease])
+    assert a.owners() == {} and set(a.free_partitions(5)) == {0, 1}
+    a.close()

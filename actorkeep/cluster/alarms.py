@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from .keeper import LeaseKeeper
 from .partitions import partition_of
-from .store import AlarmChange
+from .records import AlarmChange
 
 
 class ClusterAlarmIndex:

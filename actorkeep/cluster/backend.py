@@ -40,8 +40,8 @@ from .alarms import ClusterAlarmIndex
 from .committer import Committer
 from .keeper import LeaseKeeper
 from .partitions import partition_of
+from .records import Store, Write
 from .replica import Replica, compact, held
-from .store import ClusterStore, Write
 
 log = structlog.get_logger("actorkeep")
 
@@ -185,7 +185,7 @@ class ClusterStorage:
     """The ``StorageBackend`` of a cluster host: local files under ``root`` (as
     ``FileStorage``), the store and this host's leases."""
 
-    def __init__(self, root: str | os.PathLike[str], store: ClusterStore, keeper: LeaseKeeper):
+    def __init__(self, root: str | os.PathLike[str], store: Store, keeper: LeaseKeeper):
         self.files = FileStorage(root)
         self.store = store
         self.keeper = keeper

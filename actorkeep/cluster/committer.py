@@ -16,7 +16,7 @@ import outcome
 import trio
 
 from ..errors import HostClosed
-from .store import AlarmChange, ClusterStore, Fenced, Write
+from .records import AlarmChange, Fenced, Store, Write
 
 #: ``run(fn)``: ``fn()`` in a thread, awaited (the store blocks): the host's sync threads.
 RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -45,7 +45,7 @@ class Committer:
 
     def __init__(
         self,
-        store: ClusterStore,
+        store: Store,
         run: RunInThread,
         spawn: Spawn,
         alarms: AlarmChanges | None = None,

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .store import ClusterStore, Lease
+from .records import Lease, Store
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,9 @@ class LeaseSettings:
 
 
 class LeaseKeeper:
-    """The leases of one host, over its ``ClusterStore``."""
+    """The leases of one host, over its store (``ClusterStore``, or the simulator's)."""
 
-    def __init__(
-        self, store: ClusterStore, settings: LeaseSettings, clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, store: Store, settings: LeaseSettings, clock: Callable[[], float]) -> None:
         self._store = store
         self.settings = settings
         self._clock = clock

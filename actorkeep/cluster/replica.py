@@ -10,14 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .frames import LogFormatError, LogReader, apply, decode, encode, squash
-from .store import ClusterStore, Write
+from .records import Store, Write
 
 
 class Replica:
     """The shipping side for one open database. ``start`` once its connection has run a
     statement (its log exists); ``ship`` before every sync point and every checkpoint."""
 
-    def __init__(self, store: ClusterStore, address: str, partition: int) -> None:
+    def __init__(self, store: Store, address: str, partition: int) -> None:
         self._store = store
         self.address = address
         self.partition = partition
@@ -101,7 +101,7 @@ class Held:
     known: bool
 
 
-def held(store: ClusterStore, address: str) -> Held:
+def held(store: Store, address: str) -> Held:
     """What the cluster holds of the actor at ``address`` (one snapshot of the store)."""
     seq, image, batches = store.load(address)
     known = bool(image or batches)
@@ -110,12 +110,12 @@ def held(store: ClusterStore, address: str) -> Held:
     return Held(image, batches[-1][0] if batches else seq, len(batches), known)
 
 
-def restore(store: ClusterStore, address: str) -> bytes:
+def restore(store: Store, address: str) -> bytes:
     """The actor's database file as the cluster holds it (empty if it holds nothing)."""
     return held(store, address).image
 
 
-def compact(store: ClusterStore, address: str, partition: int, epoch: int) -> int:
+def compact(store: Store, address: str, partition: int, epoch: int) -> int:
     """Fold the actor's batches into its image (so that a restore reads one value); how many
     batches were folded. Fenced like a commit."""
     found = held(store, address)

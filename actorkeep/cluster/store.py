@@ -26,13 +26,32 @@ import functools
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
 
 from ..hashing import fnv1a64
 from .partitions import check_partitions
+from .records import (
+    AlarmChange,
+    ClusterMismatch,
+    Fenced,
+    Lease,
+    Write,
+    check_lease_times,
+    lease_partition,
+)
+
+__all__ = [
+    "AlarmChange",
+    "ClusterMismatch",
+    "ClusterStore",
+    "Fenced",
+    "Lease",
+    "Write",
+    "connect",
+    "create",
+]
 
 #: What the hosts' connections use unless the conninfo says otherwise: a host cut off from
 #: PostgreSQL finds out in seconds (a statement whose packets go unanswered fails after
@@ -130,50 +149,6 @@ COMMIT_ONE = (
 )
 
 
-class Fenced(Exception):
-    """A partition's epoch has moved on: another host owns it now. Nothing was written."""
-
-    def __init__(self, partitions: Sequence[int]) -> None:
-        super().__init__(f"fenced: partitions {sorted(partitions)} have a newer owner")
-        self.partitions = sorted(partitions)
-
-
-class ClusterMismatch(Exception):
-    """The database holds a cluster created with another partition count."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A partition this host owns at ``epoch``. ``until`` is on the host's own monotonic clock:
-    the host serves the partition only before it (the lease's time less the margin, counted from
-    before the request was sent, so it ends before PostgreSQL's expiry does)."""
-
-    partition: int
-    epoch: int
-    until: float
-
-
-@dataclass(frozen=True)
-class Write:
-    """One durable write of an actor: frame ``seq`` of ``address``, under ``epoch``."""
-
-    partition: int
-    epoch: int
-    address: str
-    seq: int
-    data: bytes
-
-
-@dataclass(frozen=True)
-class AlarmChange:
-    """An entry of the alarm index set (``at``) or dropped (``at`` None), under ``epoch``."""
-
-    partition: int
-    epoch: int
-    address: str
-    at: float | None
-
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -260,7 +235,7 @@ class ClusterStore:
     def acquire(self, partition: int, ttl: float, margin: float) -> Lease | None:
         """Take ``partition`` if nobody holds it or its lease has expired by PostgreSQL's
         clock, bumping its epoch; the lease, or None if another host holds it."""
-        _check_lease_times(ttl, margin)
+        check_lease_times(ttl, margin)
         sent = self._clock()
         row = self._conn.execute(
             "UPDATE actorkeep_leases SET owner = %s, epoch = epoch + 1, "
@@ -275,7 +250,7 @@ class ClusterStore:
     def renew(self, leases: Sequence[Lease], ttl: float, margin: float) -> list[Lease]:
         """Extend the leases this host still holds (same epoch, not yet expired); the renewed
         ones. A lease missing from the answer is lost: stop serving it."""
-        _check_lease_times(ttl, margin)
+        check_lease_times(ttl, margin)
         if not leases:
             return []
         sent = self._clock()
@@ -287,7 +262,7 @@ class ClusterStore:
             "AND l.expires_at > clock_timestamp() RETURNING l.partition, l.epoch",
             (ttl, [x.partition for x in leases], [x.epoch for x in leases], self.host_id),
         ).fetchall()
-        return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=_partition)
+        return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=lease_partition)
 
     @_locked
     def heartbeat(self, ttl: float, address: str | None = None) -> int:
@@ -453,12 +428,3 @@ class ClusterStore:
         if row is None:
             raise ValueError(f"no partition {partition} (the cluster has {self.partitions})")
         return row[0], row[1]
-
-
-def _partition(lease: Lease) -> int:
-    return lease.partition
-
-
-def _check_lease_times(ttl: float, margin: float) -> None:
-    if not 0 < margin < ttl <= 3600:
-        raise ValueError(f"need 0 < margin < ttl <= 3600 seconds, not ttl={ttl}, margin={margin}")
