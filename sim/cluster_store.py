@@ -6,23 +6,44 @@ atomic step, so that histories over it are linearizable by construction.
 (PostgreSQL's, which alone decides when a lease expires). ``cluster.connect(host_id, clock)``
 is one host's handle, ``clock`` the host's own monotonic clock, as for ``ClusterStore``.
 ``tests/test_cluster_store.py`` runs the same checks against both.
+
+``StoreLink`` is how one host reaches the model: on the trio thread (``ClusterStorage``'s
+``run_store``), each call after a seeded delay, some replies lost after the call took effect,
+and nothing answering while the store fails over (``MemoryCluster.fail_over``), after which
+everything committed before is still there.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import trio
 
 from actorkeep.cluster.partitions import check_partitions
 from actorkeep.cluster.records import (
     AlarmChange,
     Fenced,
     Lease,
+    StoreError,
     Write,
     check_lease_times,
     lease_partition,
 )
 from actorkeep.hashing import fnv1a64
+
+T = TypeVar("T")
+
+
+class StoreUnreachable(StoreError):
+    """The store did not answer (it is failing over): the call did not run."""
+
+
+class ReplyLost(StoreError):
+    """The call ran, and what it wrote is committed, but its reply was lost."""
 
 
 @dataclass
@@ -44,6 +65,8 @@ class MemoryCluster:
     images: dict[str, tuple[int, int, int, bytes]] = field(default_factory=dict)  # p, e, seq
     frames: dict[str, dict[int, tuple[int, int, bytes]]] = field(default_factory=dict)
     alarms: dict[str, tuple[int, float]] = field(default_factory=dict)  # partition, at
+    #: Until when (on ``clock``) the store answers nothing: a failover in progress.
+    down_until: float = -math.inf
 
     def __post_init__(self) -> None:
         check_partitions(self.partitions)
@@ -52,6 +75,11 @@ class MemoryCluster:
     def connect(self, host_id: str, clock: Callable[[], float]) -> MemoryStore:
         """One host's handle."""
         return MemoryStore(self, host_id, clock)
+
+    def fail_over(self, seconds: float) -> None:
+        """The primary is lost and a standby takes over in ``seconds``: until then no call
+        runs; what was committed stays (a synchronous standby has all of it)."""
+        self.down_until = max(self.down_until, self.clock() + seconds)
 
     def live(self, row: _LeaseRow) -> bool:
         return (
@@ -189,3 +217,34 @@ class MemoryStore:
         if row is None:
             raise ValueError(f"no partition {partition} (the cluster has {self.partitions})")
         return row.owner, row.epoch
+
+
+@dataclass
+class StoreLink:
+    """One host's way to the simulated store, for ``ClusterStorage(..., run_store=link.run)``.
+
+    Each call waits a delay drawn from ``latency`` (seconds, uniform) before it reaches the
+    store and again before its reply does; while the store fails over, a call raises
+    ``StoreUnreachable`` and does not run; a fraction ``lost_replies`` of the calls that ran
+    raise ``ReplyLost`` instead of answering. Every draw comes from ``rng``.
+    """
+
+    cluster: MemoryCluster
+    rng: random.Random
+    latency: tuple[float, float] = (0.0002, 0.002)
+    lost_replies: float = 0.0
+    calls: int = 0
+    lost: int = 0
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        self.calls += 1
+        await trio.sleep(self.rng.uniform(*self.latency))
+        if self.cluster.clock() < self.cluster.down_until:
+            raise StoreUnreachable("the cluster's store is failing over")
+        result = fn()
+        lose = self.rng.random() < self.lost_replies
+        await trio.sleep(self.rng.uniform(*self.latency))
+        if lose:
+            self.lost += 1
+            raise ReplyLost("the store's reply was lost; the call took effect")
+        return result

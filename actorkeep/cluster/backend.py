@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from .alarms import ClusterAlarmIndex
 from .committer import Committer
 from .keeper import LeaseKeeper
 from .partitions import partition_of
-from .records import Store, Write
+from .records import Store, StoreError, Write
 from .replica import Replica, compact, held
 
 log = structlog.get_logger("actorkeep")
@@ -183,9 +183,17 @@ class ClusterDatabase:
 
 class ClusterStorage:
     """The ``StorageBackend`` of a cluster host: local files under ``root`` (as
-    ``FileStorage``), the store and this host's leases."""
+    ``FileStorage``), the store and this host's leases. ``run_store(fn)`` runs a call of the
+    store (``fn()``, which blocks) and awaits its result: in a sync thread of the storage's own
+    by default; the simulator runs it on the trio thread, with its latencies and faults."""
 
-    def __init__(self, root: str | os.PathLike[str], store: Store, keeper: LeaseKeeper):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        store: Store,
+        keeper: LeaseKeeper,
+        run_store: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None,
+    ) -> None:
         self.files = FileStorage(root)
         self.store = store
         self.keeper = keeper
@@ -209,6 +217,7 @@ class ClusterStorage:
         # The store's own threads: the host closes its storage (and so the files' threads)
         # before run() hands the leases over.
         self._syncer = Syncer()
+        self._run_store = run_store
 
     @property
     def committer(self) -> Committer:
@@ -217,6 +226,9 @@ class ClusterStorage:
         return self._committer
 
     async def in_thread(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, a call of the store, run by ``run_store`` (a sync thread by default)."""
+        if self._run_store is not None:
+            return await self._run_store(fn)
         return await self._syncer.run(fn, "cluster store")
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -405,7 +417,7 @@ class ClusterStorage:
         path = actor_path(self._actors, class_name, name)
         try:
             last, known = await self.in_thread(lambda: self._restore(path, address))
-        except psycopg.Error as exc:  # nothing of the event ran: the caller may try again
+        except (psycopg.Error, StoreError) as exc:  # nothing of the event ran: try again
             raise StoreUnreachable(address) from exc
         self._loaded[address] = (last, known)
         self._restored[address] = epoch

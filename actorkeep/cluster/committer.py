@@ -81,12 +81,17 @@ class Committer:
                 changes = self._alarms.take()
                 try:
                     results, unknown = await self._run(partial(self._commit, writes, changes))
-                except BaseException as exc:  # cancelled (the host closes), or no thread
+                except BaseException as exc:
+                    # The runner failed, not the store's call in it (no thread left, or the
+                    # simulator's store lost the reply): the outcome is unknown, for every
+                    # write of the batch. Cancelled (the host closes): the same, then out.
                     self._alarms.failed(changes, set())
                     for _, done, box in batch:  # an outcome is unwrapped once: one each
                         box.append(outcome.Error(_as_error(exc)))
                         done.set()
-                    raise
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
                 if unknown is not None:
                     self._alarms.failed(*unknown)
                 by_write = iter(results)

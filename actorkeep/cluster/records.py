@@ -17,6 +17,11 @@ class Fenced(Exception):
         self.partitions = sorted(partitions)
 
 
+class StoreError(Exception):
+    """A store that is not PostgreSQL could not answer (the simulator's): the call's outcome is
+    unknown, as for a ``psycopg.Error`` of ``ClusterStore``."""
+
+
 class ClusterMismatch(Exception):
     """The database holds a cluster created with another partition count."""
 

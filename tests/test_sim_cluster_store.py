@@ -1,0 +1,146 @@
+"""The simulator's model of the cluster's store (sim/cluster_store.py): seeded latency, replies
+lost after the call took effect, and a failover that keeps what was committed; and cluster hosts
+running on it through the production seam (``ClusterStorage(..., run_store=...)``), as on
+PostgreSQL."""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import actorkeep as ak
+import shards
+from actorkeep.cluster import LeaseKeeper, LeaseSettings
+from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.records import Write
+from actorkeep.testing import open_host
+from sim.cluster_store import MemoryCluster, ReplyLost, StoreLink, StoreUnreachable
+
+
+async def test_a_link_is_slow_loses_replies_and_waits_out_a_failover(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cluster = MemoryCluster(4, clock=trio.current_time)
+    store = cluster.connect("a", trio.current_time)
+    link = StoreLink(cluster, random.Random(7), latency=(0.01, 0.02))
+    lease = await link.run(lambda: store.acquire(0, 30.0, 1.0))
+    assert lease is not None
+    epoch = lease.epoch
+    link.lost_replies = 0.5
+    start = trio.current_time()
+    outcomes = []
+    for seq in range(1, 21):
+        write = Write(0, epoch, "c/x", seq, b"f")
+        try:
+            await link.run(functools.partial(store.commit, [write]))
+            outcomes.append("ok")
+        except ReplyLost:
+            outcomes.append("lost")
+    took = trio.current_time() - start
+    assert 20 * 0.02 <= took <= 20 * 0.04  # two delays a call, from the range
+    assert "ok" in outcomes and "lost" in outcomes
+    # Every call ran, lost reply or not: all twenty batches are committed.
+    assert [s for s, _ in store.frames("c/x")] == list(range(1, 21))
+    cluster.fail_over(5.0)
+    with pytest.raises(StoreUnreachable):
+        await link.run(lambda: store.commit([Write(0, epoch, "c/x", 21, b"g")]))
+    await trio.sleep(5.0)
+    link.lost_replies = 0.0
+    await link.run(lambda: store.commit([Write(0, epoch, "c/x", 21, b"g")]))
+    assert [s for s, _ in store.frames("c/x")] == list(range(1, 22))  # nothing lost over it
+
+
+async def test_a_seed_draws_the_same_latencies_and_losses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def run(seed: int) -> tuple[float, list[bool]]:
+        cluster = MemoryCluster(2, clock=trio.current_time)
+        store = cluster.connect("a", trio.current_time)
+        link = StoreLink(cluster, random.Random(seed), lost_replies=0.3)
+        start, lost = trio.current_time(), []
+        for _ in range(30):
+            try:
+                await link.run(lambda: store.heartbeat(1.0))
+                lost.append(False)
+            except ReplyLost:
+                lost.append(True)
+        return round(trio.current_time() - start, 9), lost
+
+    assert await run(3) == await run(3)
+    assert await run(3) != await run(4)
+
+
+SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
+app = ak.App()
+app.mount(shards.KVShard, "kv")
+kv = ak.kv.Client("kv", shards=4)
+
+
+@app.actor("w")
+class Writer(ak.Actor):
+    @ak.rpc
+    async def put(self, key: str, value: str) -> int:
+        return await kv.put(key, value.encode())
+
+    @ak.rpc
+    async def get(self, key: str) -> str | None:
+        entry = await kv.get(key)
+        return None if entry is None else entry.value.decode()
+
+
+def storage_on(cluster: MemoryCluster, root: Path, host: str, link: StoreLink) -> ClusterStorage:
+    store = cluster.connect(host, time.monotonic)
+    return ClusterStorage(root, store, LeaseKeeper(store, SETTINGS, time.monotonic), link.run)
+
+
+async def call(t: Any, method: str, **args: Any) -> Any:
+    end = trio.current_time() + 10
+    while True:
+        resp = await t.request("POST", f"/w/w/_rpc/{method}", json=args)
+        if resp.status != 503 or trio.current_time() > end:
+            return resp
+        await trio.sleep(0.05)
+
+
+async def test_hosts_on_the_model_keep_every_acknowledged_write(tmp_path: Path) -> None:
+    """Two in-process hosts over the model, the first with a fifth of the store's replies
+    lost: every put it acknowledged is read on the second after a planned stop; a put whose
+    commit's reply was lost was not acknowledged (its outcome is unknown)."""
+    cluster = MemoryCluster(8, clock=time.monotonic)
+    lossy = StoreLink(cluster, random.Random(11), lost_replies=0.2)
+    a = storage_on(cluster, tmp_path / "a", "a", lossy)
+    acked: dict[str, int] = {}  # key: the last put acknowledged (its i)
+    tried: dict[str, list[int]] = {}
+    async with trio.open_nursery() as nursery:
+        while True:  # its first tick may lose its reply: the host then starts over
+            try:
+                await nursery.start(a.run)
+                break
+            except ReplyLost:
+                a = storage_on(cluster, tmp_path / "a", "a", lossy)
+        async with open_host(app, storage=a, alarm_index=lambda _: a.alarms) as t:
+            for i in range(40):
+                key = f"k{i % 10}"
+                tried.setdefault(key, []).append(i)
+                resp = await call(t, "put", key=key, value=f"v{i}")
+                if resp.status == 200:
+                    acked[key] = i
+        nursery.cancel_scope.cancel()
+    assert lossy.lost > 0 and acked
+    clean = StoreLink(cluster, random.Random(12))
+    b = storage_on(cluster, tmp_path / "b", "b", clean)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        async with open_host(app, storage=b, alarm_index=lambda _: b.alarms) as t:
+            for key, last in acked.items():
+                got = (await call(t, "get", key=key)).json()
+                # The last acknowledged value, or one tried after it (its reply lost).
+                allowed = {f"v{i}" for i in tried[key] if i >= last}
+                assert got in allowed, (key, got, last)
+        nursery.cancel_scope.cancel()
