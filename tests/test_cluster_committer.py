@@ -4,6 +4,7 @@ one transaction, a fenced actor failing alone, an unknown outcome failing its wh
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -91,3 +92,30 @@ async def test_a_commit_of_unknown_outcome_fails_its_whole_batch(pg_conninfo: st
     with pytest.raises(psycopg.errors.UniqueViolation):
         raise failed[0]
     store.close()
+
+
+async def test_a_runner_that_fails_fails_its_batch_and_the_next_one_goes_on() -> None:
+    """If running the store's call fails (no thread left, a lost reply in the simulator), the
+    batch's outcome is unknown: its writers hear the error, and the committer goes on with the
+    next batch instead of stopping (it used to end its task, and no commit ran again)."""
+    from sim.cluster_store import MemoryCluster
+
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("a", trio.current_time)
+    lease = store.acquire(0, 30.0, 1.0)
+    assert lease is not None
+    fail_next = [True]
+
+    async def run(fn: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        if fail_next[0]:
+            fail_next[0] = False
+            raise RuntimeError("no thread to run it")
+        return fn()
+
+    async with trio.open_nursery() as nursery:
+        committer = Committer(store, run, nursery.start_soon)
+        with pytest.raises(RuntimeError, match="no thread"):
+            await committer.commit(write(0, lease.epoch, 1, 1))
+        await committer.commit(write(0, lease.epoch, 1, 2))  # the next batch commits
+    assert [seq for seq, _ in store.frames("counter/c1")] == [2]
