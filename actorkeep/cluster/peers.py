@@ -13,6 +13,7 @@ answered when its event ends.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -22,7 +23,7 @@ import trio
 from ..address import split_address
 from ..errors import CallTimeout, HostClosed, Overloaded, RemoteError, error_for_status
 from ..http import Headers, Request, Response
-from .peerwire import Channel, FrameTooLarge, PeerRefused, accept, dial
+from .peerwire import Channel, FrameTooLarge, Nonce, PeerRefused, accept, dial
 
 log = structlog.get_logger("actorkeep")
 
@@ -176,9 +177,13 @@ async def _run_request(local: Local, msg: list[Any]) -> Any:
 
 
 # -- the listening side -------------------------------------------------------------------------
-async def _serve_connection(stream: trio.SocketStream, secret: bytes, local: Local) -> None:
+async def serve_connection(
+    stream: trio.abc.Stream, secret: bytes, local: Local, nonce: Nonce = secrets.token_bytes
+) -> None:
+    """Answer one peer's connection until it ends (``serve_peers`` for each one it accepts; the
+    simulator for its own streams)."""
     try:
-        channel = await accept(stream, secret)
+        channel = await accept(stream, secret, nonce)
     except (PeerRefused, trio.TooSlowError, trio.EndOfChannel, trio.BrokenResourceError) as exc:
         log.warning("refused a connection on the internal port", reason=str(exc) or repr(exc))
         await stream.aclose()
@@ -222,7 +227,7 @@ async def serve_peers(
     """Run the internal port until cancelled."""
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, secret, local)
+        await serve_connection(stream, secret, local)
 
     await trio.serve_listeners(handler, listeners, task_status=task_status)
 
@@ -277,9 +282,11 @@ class Peers:
         self,
         secret: bytes,
         connect: Callable[[str, int], Awaitable[trio.abc.Stream]] = trio.open_tcp_stream,
+        nonce: Nonce = secrets.token_bytes,
     ) -> None:
         self._secret = secret
         self._connect = connect
+        self._nonce = nonce
         self._links: dict[str, _Link] = {}
         self._dialing: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
@@ -309,7 +316,7 @@ class Peers:
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     stream = await self._connect(host.strip("[]"), int(port))
-                channel = await dial(stream, self._secret)
+                channel = await dial(stream, self._secret, self._nonce)
             except (OSError, ValueError, trio.TooSlowError, trio.EndOfChannel) as exc:
                 raise Unreachable(f"cannot reach the host at {peer}: {exc!r}") from None
             except PeerRefused as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import struct
+from collections.abc import Callable
 from hashlib import sha256
 from typing import Any, Final
 
@@ -164,11 +165,17 @@ class Channel:
         await self._stream.aclose()
 
 
-async def dial(stream: trio.abc.Stream, secret: bytes) -> Channel:
+#: ``nonce(n)``: ``n`` fresh random bytes (the simulator passes seeded ones).
+Nonce = Callable[[int], bytes]
+
+
+async def dial(
+    stream: trio.abc.Stream, secret: bytes, nonce: Nonce = secrets.token_bytes
+) -> Channel:
     """The dialing side's handshake on a new connection (``PeerRefused``, ``trio.TooSlowError``)."""
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         reader = _Reader(stream)
-        mine = secrets.token_bytes(NONCE)
+        mine = nonce(NONCE)
         await stream.send_all(MAGIC + mine)
         theirs = await reader.exactly(NONCE)
         proof = await reader.exactly(MAC)
@@ -178,7 +185,9 @@ async def dial(stream: trio.abc.Stream, secret: bytes) -> Channel:
         return Channel(stream, reader, _mac(secret, b"session", mine, theirs), dialer=True)
 
 
-async def accept(stream: trio.abc.Stream, secret: bytes) -> Channel:
+async def accept(
+    stream: trio.abc.Stream, secret: bytes, nonce: Nonce = secrets.token_bytes
+) -> Channel:
     """The listening side's handshake (``PeerRefused``, ``trio.TooSlowError``,
     ``trio.EndOfChannel``)."""
     with trio.fail_after(HANDSHAKE_TIMEOUT):
@@ -186,7 +195,7 @@ async def accept(stream: trio.abc.Stream, secret: bytes) -> Channel:
         hello = await reader.exactly(len(MAGIC) + NONCE)
         if hello[: len(MAGIC)] != MAGIC:
             raise PeerRefused("not an actorkeep host")
-        theirs, mine = hello[len(MAGIC) :], secrets.token_bytes(NONCE)
+        theirs, mine = hello[len(MAGIC) :], nonce(NONCE)
         await stream.send_all(mine + _mac(secret, b"server", theirs, mine))
         proof = await reader.exactly(MAC)
         if not hmac.compare_digest(proof, _mac(secret, b"client", theirs, mine)):
