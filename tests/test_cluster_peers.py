@@ -10,9 +10,17 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from actorkeep.cluster import peerwire
-from actorkeep.cluster.peers import Elsewhere, OutcomeUnknown, Peers, Unreachable, serve_peers
+from actorkeep.cluster.peers import (
+    Elsewhere,
+    OutcomeUnknown,
+    Peers,
+    Unreachable,
+    serve_connection,
+    serve_peers,
+)
 from actorkeep.errors import BadRequest, CallTimeout, Forbidden, Overloaded, RemoteError
 from actorkeep.http import Headers, Request, Response
 
@@ -291,3 +299,25 @@ async def test_a_call_cancelled_mid_write_leaves_no_half_frame_behind(
         got = await p.call_rpc(peer, "a/x", (), "b/y", "m", {"n": 1}, None)
     assert got == {"echo": {"n": 1}, "caller": "a/x"} and connections == 2
     assert all(ran[5] != {"big": b"x" * (32 << 20)} for ran in local.ran)
+
+
+async def test_a_dialer_that_hangs_up_before_its_answer_leaves_no_error_behind() -> None:
+    """The answer is ready after the dialer closed its end: the send fails, and nothing of it
+    escapes the connection's handler (it used to, and took the host down with it)."""
+
+    class Slow(FakeLocal):
+        async def call_rpc_local(self, *args: Any) -> Any:
+            await trio.sleep(0.1)
+            return "ok"
+
+    near, far = trio.testing.memory_stream_pair()
+
+    async def dialer() -> None:
+        channel = await peerwire.dial(near, SECRET)
+        await channel.send([1, "rpc", "a/x", [], "b/y", "m", {}, 5.0])
+        await near.receive_stream.aclose()  # gone before the answer comes
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dialer)
+        with trio.fail_after(5):
+            await serve_connection(far, SECRET, Slow())  # returns, raises nothing

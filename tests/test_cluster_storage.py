@@ -5,10 +5,11 @@ takeover, and a host that has lost its partitions acknowledges nothing more."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import outcome
 import pytest
 import trio
 
@@ -16,6 +17,7 @@ import actorkeep as ak
 import shards
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
 from actorkeep.cluster.backend import ClusterStorage, NotServedHere
+from actorkeep.cluster.committer import Committer, Ticket
 from actorkeep.cluster.router import ClusterRouter
 from actorkeep.testing import open_host
 
@@ -296,6 +298,30 @@ async def opened(storage: ClusterStorage, name: str) -> Any:
     return db
 
 
+def through(
+    committer: Committer, nursery: trio.Nursery, commit: Callable[[Any], Awaitable[None]]
+) -> Callable[[Any], Ticket]:
+    """A ``Committer.submit`` whose writes go through ``commit`` instead (to fail or delay
+    them); put it in place with ``committer.submit = through(...)``."""
+
+    def submit(write: Any) -> Ticket:
+        ticket = Ticket()
+
+        async def run() -> None:
+            try:
+                await commit(write)
+                ticket.box.append(outcome.Value(None))
+            except Exception as exc:
+                ticket.box.append(outcome.Error(exc))
+            finally:
+                ticket.done.set()
+
+        nursery.start_soon(run)
+        return ticket
+
+    return submit
+
+
 async def test_after_a_failed_sync_a_database_syncs_no_more(
     pg_conninfo: str, tmp_path: Path
 ) -> None:
@@ -309,16 +335,16 @@ async def test_after_a_failed_sync_a_database_syncs_no_more(
         db = await opened(a, "c")
         db.conn.execute("INSERT INTO t VALUES (1)")
         await db.sync()
-        real = a.committer.commit
+        real = a.committer.submit
 
         async def failing(write: Any) -> None:
             raise OSError("injected: the store did not answer")
 
-        a.committer.commit = failing  # type: ignore[method-assign]
+        a.committer.submit = through(a.committer, nursery, failing)  # type: ignore[method-assign,assignment]
         db.conn.execute("INSERT INTO t VALUES (2)")
         with pytest.raises(OSError, match="injected"):
             await db.checkpoint()  # a sync outside the gate, as a checkpoint makes
-        a.committer.commit = real  # type: ignore[method-assign]
+        a.committer.submit = real  # type: ignore[method-assign]
         db.conn.execute("INSERT INTO t VALUES (3)")
         with pytest.raises(NotServedHere):
             await db.sync()  # the store works again, but this database is done
@@ -339,14 +365,14 @@ async def test_the_next_open_waits_for_the_commit_of_a_closed_database(
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
         db = await opened(a, "c")
-        real = a.committer.commit
+        real = a.committer.submit
         go = trio.Event()
 
         async def slow(write: Any) -> None:
             await go.wait()
-            await real(write)
+            await real(write).wait()
 
-        a.committer.commit = slow  # type: ignore[method-assign]
+        a.committer.submit = through(a.committer, nursery, slow)  # type: ignore[method-assign,assignment]
         db.conn.execute("INSERT INTO t VALUES (1)")
         nursery.start_soon(db.sync)
         await trio.sleep(0.05)  # the sync is committing...
@@ -381,7 +407,7 @@ async def test_syncs_of_one_database_never_overlap(pg_conninfo: str, tmp_path: P
         db = a.open_actor("c", "x")
         db.conn.execute("CREATE TABLE t (n INTEGER)")
         committer = a.committer
-        real_commit = committer.commit
+        real_submit = committer.submit
         running, overlaps, commits = 0, 0, 0
 
         async def slow_commit(write: Any) -> None:
@@ -390,12 +416,12 @@ async def test_syncs_of_one_database_never_overlap(pg_conninfo: str, tmp_path: P
             overlaps += running > 1
             await trio.sleep(0.05)  # a slow round trip: another sync would start meanwhile
             try:
-                await real_commit(write)
+                await real_submit(write).wait()
             finally:
                 running -= 1
                 commits += 1
 
-        committer.commit = slow_commit  # type: ignore[method-assign]
+        committer.submit = through(committer, nursery, slow_commit)  # type: ignore[method-assign,assignment]
         async with trio.open_nursery() as syncs:
             for n in range(6):
                 db.conn.execute("INSERT INTO t VALUES (?)", (n,))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ import actorkeep as ak
 import shards
 from actorkeep.cluster import LeaseKeeper, LeaseSettings
 from actorkeep.cluster.backend import ClusterStorage
-from actorkeep.cluster.records import Write
+from actorkeep.cluster.frames import LogFormatError
+from actorkeep.cluster.records import StoreError, Write
+from actorkeep.cluster.replica import held
 from actorkeep.testing import open_host
 from sim.cluster_store import MemoryCluster, ReplyLost, StoreLink, StoreUnreachable
 
@@ -144,3 +147,57 @@ async def test_hosts_on_the_model_keep_every_acknowledged_write(tmp_path: Path) 
                 allowed = {f"v{i}" for i in tried[key] if i >= last}
                 assert got in allowed, (key, got, last)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An actor closed (evicted) while a sync of it is in flight ships its last writes only
+    after that sync ended, and not at all if it failed: batch 3 on top of a batch 2 that never
+    landed would restore a broken file. And a store that holds such a hole is refused."""
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("h1", trio.current_time)
+    real_commit = store.commit
+
+    def commit(writes: Any, alarms: Any = ()) -> None:
+        if any(w.seq == 2 for w in writes):
+            raise StoreError("the connection dropped: batch 2 not committed")
+        real_commit(writes, alarms)
+
+    store.commit = commit  # type: ignore[method-assign]
+    link = StoreLink(cluster, random.Random(1), latency=(0.005, 0.005))
+    keeper = LeaseKeeper(store, LeaseSettings(), trio.current_time)
+    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        await storage.ready("kv", "a")
+        db = storage.open_actor("kv", "a")
+        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+        db.conn.executemany("INSERT INTO t VALUES (?, 'x')", [(i,) for i in range(50)])
+        await db.sync()  # batch 1, with the first image
+        db.conn.executemany("INSERT INTO t VALUES (?, 'y')", [(i,) for i in range(50, 100)])
+        failed: list[BaseException] = []
+
+        async def gate_sync() -> None:
+            try:
+                await db.sync()  # batch 2: fails, its outcome unknown
+            except Exception as exc:
+                failed.append(exc)
+
+        nursery.start_soon(gate_sync)
+        await trio.sleep(0.002)  # batch 2 is on its way
+        db.conn.executemany("INSERT INTO t VALUES (?, 'z')", [(i,) for i in range(100, 150)])
+        db.close()  # evicted: its batch 3 waits for batch 2, which fails
+        await storage.settle()
+        assert failed and sorted(cluster.frames["kv/a"]) == [1]
+        restored = held(store, "kv/a").image
+        nursery.cancel_scope.cancel()
+    path = tmp_path / "restored.sqlite"
+    path.write_bytes(restored)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (50,)
+    conn.close()
+    cluster.frames["kv/a"][3] = cluster.frames["kv/a"][1]  # a hole: batch 2 missing
+    with pytest.raises(LogFormatError, match="batch 2 is missing"):
+        held(store, "kv/a")

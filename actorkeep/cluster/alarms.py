@@ -42,6 +42,8 @@ class ClusterAlarmIndex:
         #: The epoch under which each partition's entries were loaded.
         self.loaded: dict[int, int] = {}
         self._poke: Callable[[float], None] = lambda at: None
+        # partition: the addresses changed here while its entries were being read (``load``)
+        self._loading: dict[int, set[str]] = {}
 
     # -- the runtime's seam ---------------------------------------------------------------
     def put(self, address: str, at: float) -> None:
@@ -64,6 +66,9 @@ class ClusterAlarmIndex:
                 (address, partition, at),
             )
         self.pending[address] = AlarmChange(partition, lease.epoch, address, at)
+        touched = self._loading.get(partition)
+        if touched is not None:
+            touched.add(address)
 
     def get(self, address: str) -> float | None:
         row = self._db.execute("SELECT at FROM alarms WHERE address = ?", (address,)).fetchone()
@@ -118,38 +123,46 @@ class ClusterAlarmIndex:
         return changes
 
     def failed(self, changes: Iterable[AlarmChange], fenced: set[int]) -> None:
-        """A commit that took ``changes`` failed: those of partitions still held at their
-        epoch, and not changed again since, wait for the next one."""
+        """A commit that took ``changes`` failed with its outcome unknown: those of partitions
+        not fenced, and not changed again since, wait for the next one. (Not only those held
+        by this host's clock: a write under the same epoch may still commit, and its alarm
+        row with it; a change whose epoch moved on is fenced at its next commit.)"""
         for change in changes:
             if change.partition in fenced or change.address in self.pending:
                 continue
-            lease = self._keeper.lease_for(change.partition)
-            if lease is not None and lease.epoch == change.epoch:
-                self.pending[change.address] = change
+            self.pending[change.address] = change
+
+    def loading(self, partitions: Iterable[int]) -> None:
+        """``load`` of these partitions is coming: remember what changes here meanwhile."""
+        for partition in partitions:
+            self._loading[partition] = set()
 
     def load(self, partition: int, epoch: int, entries: Iterable[tuple[str, float]]) -> None:
-        """The entries PostgreSQL holds for a partition just taken (at ``epoch``). A change
-        made here since the takeover wins over what was read."""
-        self._db.execute("DELETE FROM alarms WHERE partition = ?", (partition,))
+        """The entries PostgreSQL held for a partition just taken (at ``epoch``), read since
+        ``loading``: what changed here since then wins over what was read."""
+        touched = self._loading.pop(partition, set())
+        touched |= {
+            a for a, c in self.pending.items() if c.partition == partition and c.epoch == epoch
+        }  # (a change under an older epoch is fenced at its commit: the store's entry stands)
+        for (address,) in self._db.execute(
+            "SELECT address FROM alarms WHERE partition = ?", (partition,)
+        ).fetchall():
+            if address not in touched:
+                self._db.execute("DELETE FROM alarms WHERE address = ?", (address,))
         earliest = math.inf
         for address, at in entries:
-            if address in self.pending:
+            if address in touched:
                 continue
             self._db.execute("INSERT INTO alarms VALUES (?, ?, ?)", (address, partition, at))
             earliest = min(earliest, at)
-        for change in self.pending.values():
-            if change.partition == partition and change.at is not None:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO alarms VALUES (?, ?, ?)",
-                    (change.address, partition, change.at),
-                )
         self.loaded[partition] = epoch
         if earliest < math.inf:
             self._poke(earliest)
 
     def drop(self, partition: int) -> None:
-        """A partition this host no longer holds: its entries leave, changes pending too."""
+        """A partition this host no longer holds: its entries leave the mirror. Its pending
+        changes stay: a write of this host under that epoch may still commit, and they with
+        it, or be fenced with it."""
         self._db.execute("DELETE FROM alarms WHERE partition = ?", (partition,))
         self.loaded.pop(partition, None)
-        for address in [a for a, c in self.pending.items() if c.partition == partition]:
-            del self.pending[address]
+        self._loading.pop(partition, None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,152 +32,24 @@ import structlog
 import trio
 
 from ..address import actor_path
-from ..errors import Overloaded
+from ..errors import StorageDamaged
 from ..runtime.storage import FileDatabase, FileStorage
 from ..runtime.syncer import Syncer
 from .alarms import ClusterAlarmIndex
-from .committer import Committer
+from .committer import Committer, Ticket
+from .database import ClusterDatabase, NotServedHere, StoreUnreachable
+from .frames import LogFormatError
 from .keeper import LeaseKeeper
 from .partitions import partition_of
 from .records import Store, StoreError, Write
 from .replica import Replica, compact, held
 
+__all__ = ["ClusterDatabase", "ClusterStorage", "NotServedHere", "StoreUnreachable"]
+
 log = structlog.get_logger("actorkeep")
 
 #: Batches of an actor in the store past its image before they are folded into a new image.
 COMPACT_AFTER = 64
-
-
-class NotServedHere(Overloaded):
-    """503: this host does not hold the actor's partition (now); try again shortly."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(f"{address} is not served by this host now", retry_after=1.0)
-
-
-class StoreUnreachable(Overloaded):
-    """503: the actor could not be restored, the cluster's store did not answer."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
-
-
-class ClusterDatabase:
-    """One actor's database in cluster mode: the local file, synced to the store."""
-
-    def __init__(
-        self,
-        storage: ClusterStorage,
-        inner: FileDatabase,
-        address: str,
-        partition: int,
-        epoch: int,
-        replica: Replica,
-        image: bytes | None,
-    ) -> None:
-        self._storage = storage
-        self._inner = inner
-        self.conn: sqlite3.Connection = inner.conn
-        self.address = address
-        self.partition = partition
-        self.epoch = epoch
-        self._replica = replica
-        self._image = image  # the first image of an actor new to the cluster, not sent yet
-        self._one_at_a_time = trio.Lock()
-        self._failed: BaseException | None = None
-        self.closed = trio.Event()
-
-    @property
-    def where(self) -> str:
-        return self._inner.where
-
-    @property
-    def first_image(self) -> bytes | None:
-        """The image of an actor new to the cluster, not sent yet (its first sync sends it)."""
-        return self._image
-
-    @property
-    def look_at(self) -> int:
-        return self._inner.look_at
-
-    @look_at.setter
-    def look_at(self, value: int) -> None:
-        self._inner.look_at = value
-
-    def checkpoint_due(self) -> bool:
-        return self._inner.checkpoint_due()
-
-    async def prepare_checkpoint(self) -> None:
-        await self._inner.prepare_checkpoint()
-
-    async def checkpoint(self) -> None:
-        await self.sync()  # the log's frames reach the store before SQLite starts it afresh
-        self._replica.expect_restart()
-        await self._inner.checkpoint()
-
-    async def sync(self) -> None:
-        # One at a time (the gate's and a checkpoint's), so that batches land in order; and
-        # after one failed, none: a batch that may be missing would leave a hole under the
-        # next ones. The actor is reset and restored instead.
-        storage = self._storage
-        async with self._one_at_a_time:
-            if self._failed is not None:
-                raise NotServedHere(self.address) from self._failed
-            storage.syncing(self.address, +1)
-            try:
-                lease = storage.keeper.lease_for(self.partition)
-                if lease is None or lease.epoch != self.epoch:
-                    raise NotServedHere(self.address)
-                write = self._replica.ship(self.epoch)
-                if self._image is not None:
-                    image, self._image = self._image, None
-                    await storage.in_thread(
-                        lambda: storage.store.compact(
-                            self.partition, self.epoch, self.address, 0, image
-                        )
-                    )
-                if write is not None:
-                    # Not past the lease: if the store does not answer before it runs out (a
-                    # host cut off), the write fails then and its callers hear 503, instead of
-                    # waiting for the connection's timeout. Its outcome is unknown.
-                    with trio.move_on_after(storage.keeper.remaining(self.partition)) as scope:
-                        await storage.committer.commit(write)
-                    if scope.cancelled_caught:
-                        raise NotServedHere(self.address)
-                    storage.committed(self)
-            except BaseException as exc:
-                self._failed = exc
-                storage.forget(self.address)  # the local file is unknown: restore it next time
-                raise
-            finally:
-                storage.syncing(self.address, -1)
-
-    def close(self) -> None:
-        # Plain writes since the last sync are only in the local file: read them out of the
-        # log before SQLite folds it away, and commit them after (a planned close keeps them,
-        # as on a single host; the actor's next open waits for that commit). After a failed
-        # sync, or with the lease gone, the local file is not to be trusted: the next open
-        # restores from the store.
-        storage = self._storage
-        write, trusted = None, False
-        lease = storage.keeper.lease_for(self.partition)
-        if self._failed is None and lease is not None and lease.epoch == self.epoch:
-            try:
-                write = self._replica.ship(self.epoch)
-                trusted = True
-            except Exception as exc:
-                log.warning("could not read a closing actor's log", address=self.address,
-                            error=repr(exc))  # fmt: skip
-        storage.database_closed(self)
-        self._inner.close()
-        self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
-        if not trusted:
-            storage.forget(self.address)
-        elif write is not None or self._image is not None:
-            storage.commit_after_close(self, write)
-        else:
-            storage.shipped(self.address, self._replica.seq)
-        self.closed.set()
 
 
 class ClusterStorage:
@@ -301,10 +172,10 @@ class ClusterStorage:
         nursery.start_soon(refresh)
 
     def commit_after_close(self, db: ClusterDatabase, write: Write | None) -> None:
-        """Commit what a closed database had not shipped (its first image too, if it never
-        synced), in the background; the actor's next open waits for it (``ready``) and
-        restores from the store if it failed."""
-        address, image, nursery = db.address, db.first_image, self._nursery
+        """Commit what a closed database had not shipped, in the background
+        (``ClusterDatabase.commit_closed``); the actor's next open waits for it (``ready``)
+        and restores from the store if it failed."""
+        address, nursery = db.address, self._nursery
         if nursery is None:
             self.forget(address)
             return
@@ -312,11 +183,7 @@ class ClusterStorage:
 
         async def commit() -> None:
             try:
-                if image is not None:
-                    await self.in_thread(
-                        lambda: self.store.compact(db.partition, db.epoch, address, 0, image)
-                    )
-                await self.committer.commit(write)
+                await db.commit_closed(write)
                 self.shipped(address, write.seq if write is not None else 0)
             except BaseException as exc:
                 self.forget(address)
@@ -328,6 +195,24 @@ class ClusterStorage:
                 self.syncing(address, -1)
 
         nursery.start_soon(commit)
+
+    def hold_until_ended(self, address: str, ticket: Ticket) -> None:
+        """A commit no one waits for any more still counts as running for ``address`` (its
+        next open waits for it) until it ends, whatever its outcome."""
+        nursery = self._nursery
+        if nursery is None:
+            return
+        self.syncing(address, +1)
+
+        async def wait() -> None:
+            try:
+                await ticket.wait()
+            except Exception:  # its outcome no longer matters: the actor is restored after
+                pass
+            finally:
+                self.syncing(address, -1)
+
+        nursery.start_soon(wait)
 
     def shipped(self, address: str, seq: int) -> None:
         """The store holds the actor up to batch ``seq``, as its local file does."""
@@ -352,6 +237,7 @@ class ClusterStorage:
         taken = {p: x.epoch for p, x in held.items() if index.loaded.get(p) != x.epoch}
         if taken:
             parts = sorted(taken)
+            index.loading(parts)  # changes made while the entries are read win over them
             rows = await self.in_thread(lambda: self.store.alarms_of(parts))
             entries: dict[int, list[tuple[str, float]]] = {p: [] for p in parts}
             for partition, address, at in rows:
@@ -419,6 +305,8 @@ class ClusterStorage:
             last, known = await self.in_thread(lambda: self._restore(path, address))
         except (psycopg.Error, StoreError) as exc:  # nothing of the event ran: try again
             raise StoreUnreachable(address) from exc
+        except LogFormatError as exc:  # what the store holds of it does not add up
+            raise StorageDamaged(str(exc), where=address) from exc
         self._loaded[address] = (last, known)
         self._restored[address] = epoch
 

@@ -32,6 +32,20 @@ class AlarmChanges(Protocol):
     def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None: ...
 
 
+class Ticket:
+    """One write in the committer: ``wait()`` until its batch ended; its outcome, once."""
+
+    __slots__ = ("box", "done")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.box: list[outcome.Outcome[None]] = []
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        self.box[0].unwrap()
+
+
 class _NoAlarms:
     def take(self) -> list[AlarmChange]:
         return []
@@ -64,14 +78,16 @@ class Committer:
         """Until ``write`` is committed (``Fenced`` if its partition has a newer owner; the
         store's error if the commit failed, when its outcome is unknown). None: only the
         alarm index's pending changes, in the next batch."""
-        done = trio.Event()
-        box: list[outcome.Outcome[None]] = []
-        self._pending.append((write, done, box))
+        await self.submit(write).wait()
+
+    def submit(self, write: Write | None) -> Ticket:
+        """Queue ``write`` for the next batch; its ``Ticket`` tells when it ended, and how."""
+        ticket = Ticket()
+        self._pending.append((write, ticket.done, ticket.box))
         if not self._busy:
             self._busy = True
             self._spawn(self._drain)
-        await done.wait()
-        box[0].unwrap()
+        return ticket
 
     async def _drain(self) -> None:
         try:

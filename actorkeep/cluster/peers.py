@@ -12,8 +12,10 @@ answered when its event ends.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -103,7 +105,9 @@ def _raise_error(error: Any, address: str) -> None:
     if kind == "timeout":
         raise CallTimeout(message)
     if kind == "closed":
-        raise HostClosed(message)
+        # The owner is stopping: the event may have run (cancelled halfway, or its reply
+        # abandoned), so it is not tried again.
+        raise OutcomeUnknown(address)
     exc = error_for_status(status, name, message)
     if isinstance(exc, Overloaded) and isinstance(retry_after, int | float):
         exc.retry_after = float(retry_after)
@@ -177,11 +181,30 @@ async def _run_request(local: Local, msg: list[Any]) -> Any:
 
 
 # -- the listening side -------------------------------------------------------------------------
+def keep_alive(stream: trio.abc.Stream) -> None:
+    """TCP keepalives and a user timeout on a peer connection, so that a peer gone without a
+    word (its machine lost, the network cut) breaks the connection within seconds, and the
+    calls waiting on it end ("the call may have run"), instead of waiting for ever."""
+    if not isinstance(stream, trio.SocketStream):
+        return  # the simulator's streams
+    for level, option, value in (
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), 5),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 2),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), 10_000),
+    ):
+        if option is not None:
+            with contextlib.suppress(OSError):
+                stream.setsockopt(level, option, value)
+
+
 async def serve_connection(
     stream: trio.abc.Stream, secret: bytes, local: Local, nonce: Nonce = secrets.token_bytes
 ) -> None:
     """Answer one peer's connection until it ends (``serve_peers`` for each one it accepts; the
     simulator for its own streams)."""
+    keep_alive(stream)
     try:
         channel = await accept(stream, secret, nonce)
     except (PeerRefused, trio.TooSlowError, trio.EndOfChannel, trio.BrokenResourceError) as exc:
@@ -198,10 +221,13 @@ async def serve_connection(
             if not isinstance(exc, RemoteError | CallTimeout | HostClosed):
                 log.exception("an event from another host failed", op=msg[1])
             reply = [msg[0], _ERROR, _error_of(exc)]
-        try:
-            await channel.send(reply)
-        except FrameTooLarge as exc:
-            await channel.send([msg[0], _ERROR, ["remote", 500, "InternalError", str(exc), None]])
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            # The dialer gone: nobody hears it (and nothing of this reaches the host).
+            try:
+                await channel.send(reply)
+            except FrameTooLarge as exc:
+                error = ["remote", 500, "InternalError", str(exc), None]
+                await channel.send([msg[0], _ERROR, error])
 
     async with stream, trio.open_nursery() as nursery:
         try:
@@ -227,7 +253,10 @@ async def serve_peers(
     """Run the internal port until cancelled."""
 
     async def handler(stream: trio.SocketStream) -> None:
-        await serve_connection(stream, secret, local)
+        try:
+            await serve_connection(stream, secret, local)
+        except Exception:  # one peer's connection never takes the host down
+            log.exception("a connection on the internal port failed")
 
     await trio.serve_listeners(handler, listeners, task_status=task_status)
 
@@ -313,15 +342,28 @@ class Peers:
             if self._nursery is None:
                 raise Unreachable("this host's peer connections are not running")
             host, _, port = peer.rpartition(":")
+            stream: trio.abc.Stream | None = None
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     stream = await self._connect(host.strip("[]"), int(port))
+                keep_alive(stream)
                 channel = await dial(stream, self._secret, self._nonce)
-            except (OSError, ValueError, trio.TooSlowError, trio.EndOfChannel) as exc:
+            except (
+                OSError,
+                ValueError,
+                trio.TooSlowError,
+                trio.EndOfChannel,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                PeerRefused,
+            ) as exc:
+                if stream is not None:
+                    with trio.CancelScope(shield=True):
+                        await stream.aclose()
+                if isinstance(exc, PeerRefused):
+                    log.warning("a host refused this host's secret", peer=peer, reason=str(exc))
+                    raise Unreachable(f"the host at {peer} refused: {exc}") from None
                 raise Unreachable(f"cannot reach the host at {peer}: {exc!r}") from None
-            except PeerRefused as exc:
-                log.warning("a host refused this host's secret", peer=peer, reason=str(exc))
-                raise Unreachable(f"the host at {peer} refused: {exc}") from None
             link = self._links[peer] = _Link(channel)
             self._nursery.start_soon(link.read_replies)
             return link

@@ -105,7 +105,9 @@ def held(store: Store, address: str) -> Held:
     """What the cluster holds of the actor at ``address`` (one snapshot of the store)."""
     seq, image, batches = store.load(address)
     known = bool(image or batches)
-    for _, data in batches:
+    for expected, (got, data) in enumerate(batches, start=seq + 1):
+        if got != expected:  # never laid over what it was written on top of
+            raise LogFormatError(f"{address}: batch {expected} is missing (next is {got})")
         image = apply(image, decode(data))
     return Held(image, batches[-1][0] if batches else seq, len(batches), known)
 

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..errors import HostClosed
 from ..http import Request, Response
 from ..runtime.router import Target
-from .backend import ClusterStorage, NotServedHere
+from .backend import ClusterStorage
+from .database import NotServedHere
 from .partitions import partition_of
 from .peers import Elsewhere, Peers, Unreachable
 
@@ -111,8 +111,8 @@ class ClusterRouter:
                 if peer is not None and self._peers is not None:
                     try:
                         return await there(peer, left)
-                    except (Elsewhere, Unreachable, HostClosed):
-                        pass  # it moved, the owner died, or it is stopping: look again
+                    except (Elsewhere, Unreachable):
+                        pass  # it moved, or the owner cannot be reached: look again
             if trio.current_time() + pause > end:
                 raise NotServedHere(address)
             self._refresh_owners()  # in the background: the store may not answer for a while

@@ -1,0 +1,169 @@
+"""One actor's database on a cluster host (decision 0016): the local file, synced to the store
+under the epoch it was opened with; what a close does with what it had not shipped
+(decision 0017). ``ClusterStorage`` (``backend.py``) opens them."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from ..errors import Overloaded
+from ..runtime.storage import FileDatabase
+from .records import Write
+from .replica import Replica
+
+if TYPE_CHECKING:
+    from .backend import ClusterStorage
+
+log = structlog.get_logger("actorkeep")
+
+
+class NotServedHere(Overloaded):
+    """503: this host does not hold the actor's partition (now); try again shortly."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} is not served by this host now", retry_after=1.0)
+
+
+class StoreUnreachable(Overloaded):
+    """503: the actor could not be restored, the cluster's store did not answer."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
+
+
+class ClusterDatabase:
+    """One actor's database in cluster mode: the local file, synced to the store."""
+
+    def __init__(
+        self,
+        storage: ClusterStorage,
+        inner: FileDatabase,
+        address: str,
+        partition: int,
+        epoch: int,
+        replica: Replica,
+        image: bytes | None,
+    ) -> None:
+        self._storage = storage
+        self._inner = inner
+        self.conn: sqlite3.Connection = inner.conn
+        self.address = address
+        self.partition = partition
+        self.epoch = epoch
+        self._replica = replica
+        self._image = image  # the first image of an actor new to the cluster, not sent yet
+        self._one_at_a_time = trio.Lock()
+        self._failed: BaseException | None = None
+        self.closed = trio.Event()
+
+    @property
+    def where(self) -> str:
+        return self._inner.where
+
+    @property
+    def look_at(self) -> int:
+        return self._inner.look_at
+
+    @look_at.setter
+    def look_at(self, value: int) -> None:
+        self._inner.look_at = value
+
+    def checkpoint_due(self) -> bool:
+        return self._inner.checkpoint_due()
+
+    async def prepare_checkpoint(self) -> None:
+        await self._inner.prepare_checkpoint()
+
+    async def checkpoint(self) -> None:
+        await self.sync()  # the log's frames reach the store before SQLite starts it afresh
+        self._replica.expect_restart()
+        await self._inner.checkpoint()
+
+    async def sync(self) -> None:
+        # One at a time (the gate's and a checkpoint's), so that batches land in order; and
+        # after one failed, none: a batch that may be missing would leave a hole under the
+        # next ones. The actor is reset and restored instead.
+        storage = self._storage
+        async with self._one_at_a_time:
+            if self._failed is not None:
+                raise NotServedHere(self.address) from self._failed
+            storage.syncing(self.address, +1)
+            try:
+                lease = storage.keeper.lease_for(self.partition)
+                if lease is None or lease.epoch != self.epoch:
+                    raise NotServedHere(self.address)
+                write = self._replica.ship(self.epoch)
+                if self._image is not None:
+                    image, self._image = self._image, None
+                    await storage.in_thread(
+                        lambda: storage.store.compact(
+                            self.partition, self.epoch, self.address, 0, image
+                        )
+                    )
+                if write is not None:
+                    # Not past the lease: if the store does not answer before it runs out (a
+                    # host cut off), the write fails then and its callers hear 503, instead of
+                    # waiting for the connection's timeout. Its outcome is unknown.
+                    ticket = storage.committer.submit(write)
+                    with trio.move_on_after(storage.keeper.remaining(self.partition)) as scope:
+                        await ticket.wait()
+                    if scope.cancelled_caught:
+                        # Still queued or in flight: the actor's next open waits for its end
+                        # all the same (a restore before it would number its batches again).
+                        storage.hold_until_ended(self.address, ticket)
+                        raise NotServedHere(self.address)
+                    storage.committed(self)
+            except BaseException as exc:
+                self._failed = exc
+                storage.forget(self.address)  # the local file is unknown: restore it next time
+                raise
+            finally:
+                storage.syncing(self.address, -1)
+
+    async def commit_closed(self, write: Write | None) -> None:
+        """After ``close``: commit what it had not shipped (and its first image, if it never
+        synced), once a sync still running has ended; nothing if a sync failed, since a batch
+        after a missing one would leave a hole in what the store holds."""
+        storage = self._storage
+        async with self._one_at_a_time:
+            if self._failed is not None:
+                raise NotServedHere(self.address) from self._failed
+            if self._image is not None:
+                image, self._image = self._image, None
+                await storage.in_thread(
+                    lambda: storage.store.compact(
+                        self.partition, self.epoch, self.address, 0, image
+                    )
+                )
+            await storage.committer.commit(write)
+
+    def close(self) -> None:
+        # Plain writes since the last sync are only in the local file: read them out of the
+        # log before SQLite folds it away, and commit them after (a planned close keeps them,
+        # as on a single host; the actor's next open waits for that commit). After a failed
+        # sync, or with the lease gone, the local file is not to be trusted: the next open
+        # restores from the store.
+        storage = self._storage
+        write, trusted = None, False
+        lease = storage.keeper.lease_for(self.partition)
+        if self._failed is None and lease is not None and lease.epoch == self.epoch:
+            try:
+                write = self._replica.ship(self.epoch)
+                trusted = True
+            except Exception as exc:
+                log.warning("could not read a closing actor's log", address=self.address,
+                            error=repr(exc))  # fmt: skip
+        storage.database_closed(self)
+        self._inner.close()
+        self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
+        if not trusted:
+            storage.forget(self.address)
+        elif write is not None or self._image is not None:
+            storage.commit_after_close(self, write)
+        else:
+            storage.shipped(self.address, self._replica.seq)
+        self.closed.set()
