@@ -5,18 +5,18 @@ under the epoch it was opened with; what a close does with what it had not shipp
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import structlog
 import trio
 
 from ..errors import Overloaded
 from ..runtime.storage import FileDatabase
-from .records import Write
+from .committer import Committer, Ticket
+from .keeper import LeaseKeeper
+from .records import Store, Write
 from .replica import Replica
-
-if TYPE_CHECKING:
-    from .backend import ClusterStorage
 
 log = structlog.get_logger("actorkeep")
 
@@ -35,12 +35,38 @@ class StoreUnreachable(Overloaded):
         super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
 
 
+class Owner(Protocol):
+    """What a ``ClusterDatabase`` needs of the storage that opened it (``ClusterStorage``)."""
+
+    keeper: LeaseKeeper
+    store: Store
+
+    @property
+    def committer(self) -> Committer: ...
+
+    def in_thread(self, fn: Callable[[], Any]) -> Awaitable[Any]: ...
+
+    def syncing(self, address: str, delta: int) -> None: ...
+
+    def forget(self, address: str) -> None: ...
+
+    def committed(self, db: ClusterDatabase) -> None: ...
+
+    def hold_until_ended(self, address: str, ticket: Ticket) -> None: ...
+
+    def database_closed(self, db: ClusterDatabase) -> None: ...
+
+    def commit_after_close(self, db: ClusterDatabase, write: Write | None) -> None: ...
+
+    def shipped(self, address: str, seq: int) -> None: ...
+
+
 class ClusterDatabase:
     """One actor's database in cluster mode: the local file, synced to the store."""
 
     def __init__(
         self,
-        storage: ClusterStorage,
+        storage: Owner,
         inner: FileDatabase,
         address: str,
         partition: int,
