@@ -123,13 +123,7 @@ class ClusterDatabase:
                 if lease is None or lease.epoch != self.epoch:
                     raise NotServedHere(self.address)
                 write = self._replica.ship(self.epoch)
-                if self._image is not None:
-                    image, self._image = self._image, None
-                    await storage.in_thread(
-                        lambda: storage.store.compact(
-                            self.partition, self.epoch, self.address, 0, image
-                        )
-                    )
+                await self._send_first_image()
                 if write is not None:
                     # Not past the lease: if the store does not answer before it runs out (a
                     # host cut off), the write fails then and its callers hear 503, instead of
@@ -150,6 +144,16 @@ class ClusterDatabase:
             finally:
                 storage.syncing(self.address, -1)
 
+    async def _send_first_image(self) -> None:
+        """An actor new to the cluster: its image goes first, as batch 0 (fenced)."""
+        if self._image is None:
+            return
+        image, self._image = self._image, None
+        store = self._storage.store
+        await self._storage.in_thread(
+            lambda: store.compact(self.partition, self.epoch, self.address, 0, image)
+        )
+
     async def commit_closed(self, write: Write | None) -> None:
         """After ``close``: commit what it had not shipped (and its first image, if it never
         synced), once a sync still running has ended; nothing if a sync failed, since a batch
@@ -158,13 +162,7 @@ class ClusterDatabase:
         async with self._one_at_a_time:
             if self._failed is not None:
                 raise NotServedHere(self.address) from self._failed
-            if self._image is not None:
-                image, self._image = self._image, None
-                await storage.in_thread(
-                    lambda: storage.store.compact(
-                        self.partition, self.epoch, self.address, 0, image
-                    )
-                )
+            await self._send_first_image()
             await storage.committer.commit(write)
 
     def close(self) -> None:

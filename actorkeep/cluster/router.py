@@ -12,6 +12,7 @@ deadline (``retry_for`` when it has none), then answers 503 with Retry-After
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -128,6 +129,11 @@ class ClusterRouter:
         chain: tuple[str, ...],
         timeout: float | None,
     ) -> Response:
+        address = f"{class_name}/{name}"
+        if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
+            with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
+                return await self.deliver_local(class_name, name, request, chain, timeout)
+
         async def here(left: float | None) -> Response:
             return await self.deliver_local(class_name, name, request, chain, left)
 
@@ -135,7 +141,7 @@ class ClusterRouter:
             assert self._peers is not None
             return await self._peers.deliver(peer, class_name, name, request, chain, left)
 
-        return await self._route(f"{class_name}/{name}", timeout, here, there)
+        return await self._route(address, timeout, here, there)
 
     async def call_rpc(
         self,
@@ -146,6 +152,10 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
+        if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
+            with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
+                return await self.call_rpc_local(caller, chain, address, method, args, timeout)
+
         async def here(left: float | None) -> Any:
             return await self.call_rpc_local(caller, chain, address, method, args, left)
 
