@@ -66,17 +66,31 @@ class CallTimeout(ActorkeepError):
     """The callee did not answer in time. Its event may still run and its effects may apply."""
 
 
+class OutcomeUnknown(CallTimeout):
+    """The event reached the host serving the actor, but how it ended is not known: the host
+    died or stopped, lost its lease, or its durable writes' commit to the cluster's store did
+    not end. As after a ``CallTimeout``, it may have run and its writes may be durable. Outside
+    clients get 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
 class HostClosed(ActorkeepError):
     """The host is shutting down or closed and takes no new events."""
 
 
-def error_for_status(status: int, error: str, message: str) -> RemoteError:
+def error_for_status(status: int, error: str, message: str) -> RemoteError | OutcomeUnknown:
     """The exception a calling actor sees for an error reply."""
     if status in (400, 413):
         return BadRequest(status, error, message)
     if status == 403:
         return Forbidden(message, error)
     if status == 503:
+        if error == "OutcomeUnknown":
+            return OutcomeUnknown(message)
         return Quarantined(message) if error == "Quarantined" else Overloaded(message)
     if status == 508:
         return ReentryError(message)

@@ -18,13 +18,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .cluster_bugs import CLUSTER_BUGS
 from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .history import History
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
 
 _ROOT = Path(__file__).resolve().parent.parent
-_ALL_BUGS = sorted(b for scenario in SCENARIOS.values() for b in scenario.bugs)
+_ALL_BUGS = sorted(
+    {b for scenario in SCENARIOS.values() for b in scenario.bugs} | set(CLUSTER_BUGS)
+)
 
 
 def _common_args(parser: argparse.ArgumentParser, many: bool) -> None:
@@ -42,9 +45,21 @@ def _common_args(parser: argparse.ArgumentParser, many: bool) -> None:
         help=f"all, none, or a comma-separated subset of {','.join(FAULT_KINDS)} (default all)",
     )
     parser.add_argument("--bug", choices=_ALL_BUGS, help="run against a planted bug")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a simulated cluster of 1 to 5 hosts (drawn from the seed) over the "
+        "simulated store and network, with the cluster's faults",
+    )
 
 
 def _scenarios(args: argparse.Namespace, many: bool) -> list[str]:
+    if args.bug in CLUSTER_BUGS:
+        if not args.cluster:
+            raise SystemExit(f"--bug {args.bug} is a cluster's: add --cluster")
+        if args.scenario in (None, "all"):
+            return list(SCENARIOS) if many and args.scenario == "all" else ["kv"]
+        return [args.scenario]
     if args.bug is not None:
         owners = [name for name, s in SCENARIOS.items() if args.bug in s.bugs]
         if args.scenario in (None, "all"):
@@ -74,7 +89,7 @@ def sweep(argv: Sequence[str]) -> int:
         started = time.perf_counter()
         failed = ops = 0
         for seed in range(args.start, args.start + args.seeds):
-            result = run_seed(scenario, seed, args.bug, args.faults)
+            result = run_seed(scenario, seed, args.bug, args.faults, args.cluster)
             ops += result.ops
             if not result.ok:
                 failed += 1
@@ -85,7 +100,8 @@ def sweep(argv: Sequence[str]) -> int:
                     print(f"  {v}")
                 if len(result.violations) > 5:
                     print(f"  ... and {len(result.violations) - 5} more")
-                print(f"  replay: {replay_command(seed, args.bug, scenario, args.faults)}")
+                replay = replay_command(seed, args.bug, scenario, args.faults, args.cluster)
+                print(f"  replay: {replay}")
         elapsed = time.perf_counter() - started
         print(
             f"{scenario}: {args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}), "
@@ -93,28 +109,36 @@ def sweep(argv: Sequence[str]) -> int:
             f"{elapsed:.1f} s ({args.seeds / elapsed:.1f} seeds/s)"
         )
         ok = ok and not failed
-        if args.check_determinism and not selfcheck(scenario, args.start, args.bug, args.faults):
+        if args.check_determinism and not selfcheck(
+            scenario, args.start, args.bug, args.faults, args.cluster
+        ):
             ok = False
     return 0 if ok else 1
 
 
-def _flags(scenario: str, bug: str | None, faults: frozenset[str]) -> list[str]:
-    out = ["--scenario", scenario]
+def _flags(
+    scenario: str, bug: str | None, faults: frozenset[str], cluster: bool = False
+) -> list[str]:
+    out = ["--scenario", scenario, *(["--cluster"] if cluster else [])]
     if faults != ALL_FAULTS:
         out += ["--faults", ",".join(sorted(faults)) or "none"]
     return out + (["--bug", bug] if bug else [])
 
 
 def selfcheck(
-    scenario: str, seed: int, bug: str | None = None, faults: frozenset[str] = ALL_FAULTS
+    scenario: str,
+    seed: int,
+    bug: str | None = None,
+    faults: frozenset[str] = ALL_FAULTS,
+    cluster: bool = False,
 ) -> bool:
     """Run ``seed`` twice here and once in a subprocess with another PYTHONHASHSEED."""
-    first = run_seed(scenario, seed, bug, faults).trace_hash
-    second = run_seed(scenario, seed, bug, faults).trace_hash
+    first = run_seed(scenario, seed, bug, faults, cluster).trace_hash
+    second = run_seed(scenario, seed, bug, faults, cluster).trace_hash
     env = dict(os.environ)
     env["PYTHONHASHSEED"] = str((int(env.get("PYTHONHASHSEED", "0") or 0) + 12345) % 4294967295)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "sim", "hash", str(seed), *_flags(scenario, bug, faults)]
+    cmd = [sys.executable, "-m", "sim", "hash", str(seed), *_flags(scenario, bug, faults, cluster)]
     other = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.strip()
     same = first == second == other
     print(
@@ -209,12 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
         (scenario,) = _scenarios(args, many=False)
         if argv[0] == "hash":
-            print(run_seed(scenario, args.seed, args.bug, args.faults).trace_hash)
+            print(run_seed(scenario, args.seed, args.bug, args.faults, args.cluster).trace_hash)
             return 0
         if argv[0] == "selfcheck":
-            return 0 if selfcheck(scenario, args.seed, args.bug, args.faults) else 1
+            ok = selfcheck(scenario, args.seed, args.bug, args.faults, args.cluster)
+            return 0 if ok else 1
         out: list[str] = []
-        result = run_seed(scenario, args.seed, args.bug, args.faults)
+        result = run_seed(scenario, args.seed, args.bug, args.faults, args.cluster)
         print_replay(result, args.all, out)
         print("\n".join(out))
         return 0 if result.ok else 1

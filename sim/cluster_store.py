@@ -227,23 +227,57 @@ class StoreLink:
     store and again before its reply does; while the store fails over, a call raises
     ``StoreUnreachable`` and does not run; a fraction ``lost_replies`` of the calls that ran
     raise ``ReplyLost`` instead of answering. Every draw comes from ``rng``.
+
+    The host's side of the link: ``cut`` (the host cannot reach the store: each call fails
+    after ``timeout``, without running), ``pause`` (the host is stopped: a call neither leaves
+    nor hears its reply until ``resume``), ``kill`` (the host is dead: nothing it asks runs
+    any more).
     """
 
     cluster: MemoryCluster
     rng: random.Random
     latency: tuple[float, float] = (0.0002, 0.002)
     lost_replies: float = 0.0
+    timeout: float = 1.0
     calls: int = 0
     lost: int = 0
+    cut: bool = False
+    dead: bool = False
+    _resumed: trio.Event | None = None
+
+    def pause(self) -> None:
+        if self._resumed is None:
+            self._resumed = trio.Event()
+
+    def resume(self) -> None:
+        if self._resumed is not None:
+            self._resumed.set()
+            self._resumed = None
+
+    def kill(self) -> None:
+        self.dead = True
+        self.resume()
+
+    async def _unpaused(self) -> None:
+        while self._resumed is not None:
+            await self._resumed.wait()
+        if self.dead:
+            raise StoreUnreachable("this host is dead")
 
     async def run(self, fn: Callable[[], T]) -> T:
         self.calls += 1
+        await self._unpaused()
+        if self.cut:
+            await trio.sleep(self.timeout)
+            raise StoreUnreachable("this host cannot reach the cluster's store")
         await trio.sleep(self.rng.uniform(*self.latency))
+        await self._unpaused()
         if self.cluster.clock() < self.cluster.down_until:
             raise StoreUnreachable("the cluster's store is failing over")
         result = fn()
         lose = self.rng.random() < self.lost_replies
         await trio.sleep(self.rng.uniform(*self.latency))
+        await self._unpaused()
         if lose:
             self.lost += 1
             raise ReplyLost("the store's reply was lost; the call took effect")

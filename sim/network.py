@@ -6,6 +6,10 @@ was sent. A link can be cut one way or both ways (``cut``): what is sent across 
 TCP retransmits it, and arrives once the link heals (``heal``), unless the connection was
 closed meanwhile. Connecting across a cut link waits for the heal (the dialer's own timeout
 ends the wait); connecting to an address nobody listens on is refused at once.
+
+A paused host (``hold``, as SIGSTOP) sends and receives nothing until ``release``: what was
+sent to it, and what it sent, arrives then. A dead host (``down``, as kill -9) sends nothing
+more; its connections end for the others, and a send to it fails.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ class SimNetwork:
         self.latency = latency
         self._listeners: dict[str, Handler] = {}
         self._cut: set[tuple[str, str]] = set()
+        self._held: set[str] = set()
+        self._dead: set[str] = set()
+        self._directions: list[_Direction] = []
         self._healed = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -114,13 +121,46 @@ class SimNetwork:
             self._cut.add((b, a))
 
     def heal(self) -> None:
-        """Every link carries again; what was held arrives."""
+        """Every link carries again; what was held arrives (paused hosts stay paused)."""
         self._cut.clear()
+        self._wake()
+
+    def hold(self, host: str) -> None:
+        """Host ``host`` is paused: nothing reaches it or leaves it until ``release``."""
+        self._held.add(host)
+
+    def release(self, host: str) -> None:
+        self._held.discard(host)
+        self._wake()
+
+    def down(self, host: str) -> None:
+        """Host ``host`` is dead: what it sent and had not arrived is lost, its connections end
+        for the others (their reads see the end, their sends fail), and it is never reached
+        again."""
+        self._dead.add(host)
+        self._held.discard(host)
+        self.stop_listening_of(host)
+        for direction in self._directions:
+            if direction.src == host and not direction.eof:
+                direction.in_flight.clear()
+                direction.in_flight.append((trio.current_time(), None))
+                direction.sent.set()
+            elif direction.dst == host:
+                direction.eof = True
+                direction.landed.set()
+        self._directions = [d for d in self._directions if host not in (d.src, d.dst)]
+        self._wake()
+
+    def stop_listening_of(self, host: str) -> None:
+        for address in [a for a in self._listeners if a.rpartition(":")[0] == host]:
+            del self._listeners[address]
+
+    def _wake(self) -> None:
         self._healed.set()
         self._healed = trio.Event()
 
     def is_cut(self, src: str, dst: str) -> bool:
-        return (src, dst) in self._cut
+        return (src, dst) in self._cut or src in self._held or dst in self._held
 
     def connector(self, host: str) -> Callable[[str, int], Awaitable[trio.abc.Stream]]:
         """What host ``host`` dials with (``Peers(secret, connect=net.connector(host))``)."""
@@ -131,9 +171,10 @@ class SimNetwork:
                 await self._healed.wait()  # the dialer's timeout ends this
             await trio.sleep(self._delay())
             handler = self._listeners.get(address)
-            if handler is None or self._nursery is None:
+            if handler is None or self._nursery is None or host in self._dead:
                 raise ConnectionRefusedError(f"nobody listens on {address}")
             there, back = _Direction(host, peer_host), _Direction(peer_host, host)
+            self._directions += (there, back)
             mine, theirs = SimStream(self, there, back), SimStream(self, back, there)
             for direction in (there, back):
                 self._nursery.start_soon(self._deliver, direction)
@@ -146,6 +187,8 @@ class SimNetwork:
         return self.rng.uniform(*self.latency)
 
     def send(self, direction: _Direction, data: bytes | None) -> None:
+        if direction.src in self._dead:
+            return  # a dead host's late sends go nowhere
         at = max(trio.current_time() + self._delay(), direction.last_at)
         direction.last_at = at
         direction.in_flight.append((at, data))
@@ -157,11 +200,13 @@ class SimNetwork:
             while not direction.in_flight:
                 direction.sent = trio.Event()
                 await direction.sent.wait()
-            at, data = direction.in_flight[0]
-            await trio.sleep_until(at)
+            first = direction.in_flight[0]
+            await trio.sleep_until(first[0])
             while self.is_cut(direction.src, direction.dst):
                 await self._healed.wait()
-            direction.in_flight.popleft()
+            if not direction.in_flight or direction.in_flight[0] is not first:
+                continue  # the sender died meanwhile: what it had sent is gone
+            _, data = direction.in_flight.popleft()
             if data is None:
                 direction.eof = True
             else:

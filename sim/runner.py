@@ -79,26 +79,42 @@ class SeedResult:
 IDLE_TIMEOUTS = (0.05, 1.0, 30.0)
 
 
+#: Hosts of a cluster run: drawn from the seed in this range.
+CLUSTER_HOSTS = (1, 5)
+
+
 def run_seed(
     scenario: Scenario[Any],
     seed: int,
     bug: str | None = None,
     faults: frozenset[str] = ALL_FAULTS,
+    cluster: bool = False,
 ) -> SeedResult:
     """Run ``scenario`` for ``seed`` (against the planted ``bug`` if given, with the fault kinds
-    ``faults``) and check it."""
+    ``faults``) and check it; ``cluster``: on 1 to 5 cluster hosts (drawn from the seed) over
+    the simulated store (``ClusterWorld``), with the single-owner checks too."""
     started = time.perf_counter()
     rng = sub_rng(seed, scenario.salt)
     plan = scenario.draw_plan(rng)
     draw = draw_faults(rng, faults)
     idle_timeout = rng.choice(IDLE_TIMEOUTS)
-    planted = scenario.bugs[bug] if bug is not None else None
+    cluster_bug: dict[str, Any] = {}
+    if bug is not None and bug not in scenario.bugs:
+        from .cluster_bugs import CLUSTER_BUGS
+        from .cluster_world import ObservedRouter
+
+        if bug not in CLUSTER_BUGS:
+            raise ValueError(f"no planted bug {bug!r}")
+        if not cluster:
+            raise ValueError(f"the planted bug {bug!r} is a cluster's: run it with cluster=True")
+        cls = CLUSTER_BUGS[bug]
+        cluster_bug = {"router_class" if issubclass(cls, ObservedRouter) else "store_class": cls}
+    planted = scenario.bugs[bug] if bug is not None and not cluster_bug else None
     gate: dict[str, Any] = {}
     if isinstance(planted, type) and issubclass(planted, Gate):  # a runtime bug (bugs.py)
         gate, planted = {"gate": planted}, None
     setup = scenario.setup(plan, planted, draw)
     host_options = {"idle_timeout": idle_timeout, **setup.host_options, **gate}
-    world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     summary: dict[str, object] = {
         "scenario": scenario.name,
         **setup.summary,
@@ -106,10 +122,26 @@ def run_seed(
         "idle_timeout": idle_timeout,
         "bug": bug,
     }
+    world: World
+    if cluster:
+        from .cluster_world import ClusterWorld
+
+        hosts = sub_rng(seed, "cluster").randint(*CLUSTER_HOSTS)
+        world = ClusterWorld(
+            setup.app, seed, hosts=hosts, faults=draw.faults, host_options=host_options,
+            **cluster_bug,
+        )  # fmt: skip
+        summary["hosts"] = hosts
+    else:
+        world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     world.history.note(f"scenario {summary}")
     world.run(setup.workload(world))
     history = world.history
     violations = check_errors(history) + setup.check(history)
+    if cluster:
+        from .cluster_world import check_single_owner
+
+        violations += check_single_owner(history)
     return seed_result(seed, world, violations, setup.ops(history), started, summary)
 
 
@@ -143,9 +175,13 @@ def seed_result(
 
 
 def replay_command(
-    seed: int, bug: str | None = None, scenario: str = "kv", faults: frozenset[str] = ALL_FAULTS
+    seed: int,
+    bug: str | None = None,
+    scenario: str = "kv",
+    faults: frozenset[str] = ALL_FAULTS,
+    cluster: bool = False,
 ) -> str:
-    cmd = f"python -m sim replay {seed} --scenario {scenario}"
+    cmd = f"python -m sim replay {seed} --scenario {scenario}" + (" --cluster" if cluster else "")
     if faults != ALL_FAULTS:
         cmd += f" --faults {','.join(sorted(faults)) or 'none'}"
     return cmd + (f" --bug {bug}" if bug else "")

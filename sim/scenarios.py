@@ -23,7 +23,11 @@ def scenario_of_bug(bug: str) -> str:
 
 
 def run_seed(
-    scenario: str, seed: int, bug: str | None = None, faults: frozenset[str] = ALL_FAULTS
+    scenario: str,
+    seed: int,
+    bug: str | None = None,
+    faults: frozenset[str] = ALL_FAULTS,
+    cluster: bool = False,
 ) -> SeedResult:
-    """Run one seed of the scenario named ``scenario``."""
-    return run_scenario_seed(SCENARIOS[scenario], seed, bug, faults)
+    """Run one seed of the scenario named ``scenario`` (on a simulated cluster: ``cluster``)."""
+    return run_scenario_seed(SCENARIOS[scenario], seed, bug, faults, cluster)

@@ -28,7 +28,6 @@ import trio
 import trio.testing
 
 from actorkeep.app import App
-from actorkeep.errors import HostClosed
 from actorkeep.front import Front
 from actorkeep.http import Response
 from actorkeep.runtime.clock import Clock
@@ -50,7 +49,7 @@ WORLD_CALLER = "sim-world/world"
 class Incarnation:
     """One run of the host process, from start to crash or stop."""
 
-    def __init__(self, number: int, host: Host, view: SimStorageView) -> None:
+    def __init__(self, number: int, host: Host, view: SimStorageView | None) -> None:
         self.number = number
         self.host = host
         self.front = Front(host)
@@ -205,6 +204,7 @@ class World:
         self._down()
         inc.alive = False
         self.crashes += 1
+        assert inc.view is not None
         if power_loss:
             rolled = self.storage.power_loss(
                 inc.view, self._fault_rng, p_rollback=self.faults.rollback_p
@@ -338,10 +338,9 @@ class World:
         with trio.move_on_after(timeout) as scope:
             try:
                 value = await action()
-            except HostClosed as exc:
-                result = {"error": f"HostClosed: {exc}", "host_alive": inc.alive}
             except Exception as exc:
-                result = {"error": f"{type(exc).__name__}: {exc}", "host_alive": inc.alive}
+                alive = inc.alive and not self.excused(exc)
+                result = {"error": self.describe(exc), "host_alive": alive}
             else:
                 status, result = classify(value) if classify is not None else ("ok", value)
         if scope.cancelled_caught:
@@ -350,6 +349,15 @@ class World:
             status, result = "unknown", {"late": result}
         self.history.complete(op, status, result, self.now())
         return op
+
+    def excused(self, exc: BaseException) -> bool:
+        """Whether the world's faults explain ``exc`` while the host is up (never, on one
+        host: an error while the host stays up is a bug)."""
+        return False
+
+    def describe(self, exc: BaseException) -> str:
+        """How an exception is recorded in the history."""
+        return f"{type(exc).__name__}: {exc}"
 
     # -- results ----------------------------------------------------------------------------
     def trace_hash(self) -> str:

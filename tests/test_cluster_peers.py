@@ -15,13 +15,19 @@ import trio.testing
 from actorkeep.cluster import peerwire
 from actorkeep.cluster.peers import (
     Elsewhere,
-    OutcomeUnknown,
     Peers,
     Unreachable,
     serve_connection,
     serve_peers,
 )
-from actorkeep.errors import BadRequest, CallTimeout, Forbidden, Overloaded, RemoteError
+from actorkeep.errors import (
+    BadRequest,
+    CallTimeout,
+    Forbidden,
+    OutcomeUnknown,
+    Overloaded,
+    RemoteError,
+)
 from actorkeep.http import Headers, Request, Response
 
 SECRET = b"s" * 32

@@ -19,6 +19,8 @@ import trio.testing
 
 import actorkeep as ak
 import actorkeep.runtime.storage as storage
+from actorkeep.errors import OutcomeUnknown, Overloaded, error_for_status
+from actorkeep.runtime.storage import FileDatabase
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -437,3 +439,40 @@ async def test_a_closed_database_gated_alarm_does_not_move_the_next_one_later(
         assert entry is not None and entry <= second + 1, (entry, second)
         await trio.sleep(second + 10 - host.host.clock.now())
         assert fired == ["ledger/a"]
+
+
+@pytest.mark.parametrize(
+    ("error", "name"),
+    [
+        (Overloaded("kv/a is not served by this host now"), "Overloaded"),
+        (OutcomeUnknown("the commit did not end: the writes may be durable"), "OutcomeUnknown"),
+    ],
+)
+async def test_a_sync_that_says_why_it_failed_answers_503_with_that(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, name: str
+) -> None:
+    """A cluster's storage fails a sync with ``Overloaded`` (the host does not serve the actor
+    now: nothing it covered is durable) or ``OutcomeUnknown`` (the store's answer did not
+    come): the held reply is refused with that, 503 and Retry-After, not 500; a calling actor
+    hears the same kind (``OutcomeUnknown`` is a ``CallTimeout``: it may have run)."""
+    real = FileDatabase.sync
+    armed: list[bool] = []
+
+    async def sync(db: FileDatabase) -> None:
+        if armed and db.where.endswith("a.sqlite"):
+            armed.clear()
+            raise error
+        await real(db)
+
+    monkeypatch.setattr(FileDatabase, "sync", sync)
+    async with open_host(app, data_dir, debug=False) as host:
+        await warm(host, "ledger/a")
+        armed.append(True)
+        resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 1})
+        assert resp.status == 503, resp.body
+        assert resp.json()["error"] == name and resp.headers["retry-after"] == "1"
+        assert b"sqlite" not in resp.body
+        assert await call(host, "ledger/a", "add", x=2) == 2  # reopened, and serving
+    seen = error_for_status(503, name, "m")
+    assert type(seen) is type(error)
+    assert isinstance(seen, ak.CallTimeout) == (name == "OutcomeUnknown")

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import actorkeep as ak
 import shards
 from actorkeep.cluster import LeaseKeeper, LeaseSettings
-from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.backend import ClusterStorage, NotServedHere
 from actorkeep.cluster.frames import LogFormatError
 from actorkeep.cluster.records import StoreError, Write
 from actorkeep.cluster.replica import held
@@ -201,3 +202,40 @@ async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
     cluster.frames["kv/a"][3] = cluster.frames["kv/a"][1]  # a hole: batch 2 missing
     with pytest.raises(LogFormatError, match="batch 2 is missing"):
         held(store, "kv/a")
+
+
+async def test_a_sync_asked_for_after_a_close_ends_with_the_close_s_commit(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """An actor evicted while its gate still has a sync to run (found by the cluster
+    simulator: the sync then read a closed log and failed, so its held replies were refused
+    though the close shipped their writes): the sync waits for the commit of what the close
+    shipped, and succeeds with it; after a close that could not ship, it fails (503)."""
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("h1", trio.current_time)
+    link = StoreLink(cluster, random.Random(1), latency=(0.005, 0.005))
+    keeper = LeaseKeeper(store, LeaseSettings(), trio.current_time)
+    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        await storage.ready("kv", "a")
+        db = storage.open_actor("kv", "a")
+        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        await db.sync()
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        db.close()  # evicted; the gate asks for its sync after
+        await db.sync()  # durable: the close's batch is committed
+        assert sorted(cluster.frames["kv/a"]) == [1, 2]
+
+        await storage.ready("kv", "b")
+        other = storage.open_actor("kv", "b")
+        other.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        await other.sync()
+        other.conn.execute("INSERT INTO t VALUES (1)")
+        partition = other.partition
+        store.release([keeper.held[partition]])  # the lease is gone before the close
+        await storage.in_thread(keeper.tick)
+        other.close()  # cannot ship: the file is given up
+        with pytest.raises(NotServedHere):
+            await other.sync()
+        nursery.cancel_scope.cancel()

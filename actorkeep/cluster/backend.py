@@ -56,7 +56,9 @@ class ClusterStorage:
     """The ``StorageBackend`` of a cluster host: local files under ``root`` (as
     ``FileStorage``), the store and this host's leases. ``run_store(fn)`` runs a call of the
     store (``fn()``, which blocks) and awaits its result: in a sync thread of the storage's own
-    by default; the simulator runs it on the trio thread, with its latencies and faults."""
+    by default; the simulator runs it on the trio thread, with its latencies and faults.
+    ``files_in_thread=False``: the local files' closes and checkpoints run where they are
+    awaited (the simulator: no threads)."""
 
     def __init__(
         self,
@@ -64,8 +66,9 @@ class ClusterStorage:
         store: Store,
         keeper: LeaseKeeper,
         run_store: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None,
+        files_in_thread: bool = True,
     ) -> None:
-        self.files = FileStorage(root)
+        self.files = FileStorage(root, in_thread=files_in_thread)
         self.store = store
         self.keeper = keeper
         #: The alarm index of the partitions this host holds.
@@ -178,6 +181,7 @@ class ClusterStorage:
         address, nursery = db.address, self._nursery
         if nursery is None:
             self.forget(address)
+            db.close_commit_ended(NotServedHere(address))
             return
         self.syncing(address, +1)
 
@@ -256,6 +260,9 @@ class ClusterStorage:
             log.info("could not commit the alarm index's changes yet", error=repr(exc))
 
     def forget(self, address: str) -> None:
+        """The local file of ``address`` is not to be trusted (a sync failed, or the lease
+        moved): its next open restores it from the store, without the plain writes the store
+        did not have."""
         self._restored.pop(address, None)
 
     def syncing(self, address: str, delta: int) -> None:

@@ -11,11 +11,11 @@ from typing import Any, Protocol
 import structlog
 import trio
 
-from ..errors import Overloaded
+from ..errors import OutcomeUnknown, Overloaded
 from ..runtime.storage import FileDatabase
 from .committer import Committer, Ticket
 from .keeper import LeaseKeeper
-from .records import Store, Write
+from .records import Fenced, Store, Write
 from .replica import Replica
 
 log = structlog.get_logger("actorkeep")
@@ -33,6 +33,23 @@ class StoreUnreachable(Overloaded):
 
     def __init__(self, address: str) -> None:
         super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
+
+
+def _unknown(address: str) -> OutcomeUnknown:
+    return OutcomeUnknown(
+        f"the commit of {address}'s writes to the cluster's store did not end: they may be durable"
+    )
+
+
+def _sync_error(address: str, exc: BaseException) -> BaseException:
+    """What the callers of a failed sync hear: 503 ``NotServedHere`` if nothing it covered
+    can be durable (fenced: the statement committed nothing; or the lease was gone before it
+    shipped), ``OutcomeUnknown`` if the store's answer did not come (it may have committed)."""
+    if isinstance(exc, Fenced):
+        return NotServedHere(address)
+    if isinstance(exc, Exception) and not isinstance(exc, Overloaded | OutcomeUnknown):
+        return _unknown(address)
+    return exc
 
 
 class Owner(Protocol):
@@ -84,6 +101,9 @@ class ClusterDatabase:
         self._image = image  # the first image of an actor new to the cluster, not sent yet
         self._one_at_a_time = trio.Lock()
         self._failed: BaseException | None = None
+        self._shut = False  # close() has run
+        self._close_commit = trio.Event()  # what close() shipped is committed, or failed
+        self._close_error: BaseException | None = None
         self.closed = trio.Event()
 
     @property
@@ -113,36 +133,49 @@ class ClusterDatabase:
         # One at a time (the gate's and a checkpoint's), so that batches land in order; and
         # after one failed, none: a batch that may be missing would leave a hole under the
         # next ones. The actor is reset and restored instead.
-        storage = self._storage
         async with self._one_at_a_time:
-            if self._failed is not None:
-                raise NotServedHere(self.address) from self._failed
-            storage.syncing(self.address, +1)
-            try:
-                lease = storage.keeper.lease_for(self.partition)
-                if lease is None or lease.epoch != self.epoch:
-                    raise NotServedHere(self.address)
-                write = self._replica.ship(self.epoch)
-                await self._send_first_image()
-                if write is not None:
-                    # Not past the lease: if the store does not answer before it runs out (a
-                    # host cut off), the write fails then and its callers hear 503, instead of
-                    # waiting for the connection's timeout. Its outcome is unknown.
-                    ticket = storage.committer.submit(write)
-                    with trio.move_on_after(storage.keeper.remaining(self.partition)) as scope:
-                        await ticket.wait()
-                    if scope.cancelled_caught:
-                        # Still queued or in flight: the actor's next open waits for its end
-                        # all the same (a restore before it would number its batches again).
-                        storage.hold_until_ended(self.address, ticket)
-                        raise NotServedHere(self.address)
-                    storage.committed(self)
-            except BaseException as exc:
-                self._failed = exc
-                storage.forget(self.address)  # the local file is unknown: restore it next time
+            if not self._shut:
+                await self._ship()
+                return
+        # Closed meanwhile (evicted with a sync still asked for): what it had not shipped went
+        # with the close's own commit (which takes the lock): durable when that ends.
+        await self._close_commit.wait()
+        if self._close_error is not None:
+            raise _sync_error(self.address, self._close_error) from self._close_error
+
+    async def _ship(self) -> None:
+        storage = self._storage
+        if self._failed is not None:
+            raise NotServedHere(self.address) from self._failed
+        storage.syncing(self.address, +1)
+        try:
+            lease = storage.keeper.lease_for(self.partition)
+            if lease is None or lease.epoch != self.epoch:
+                raise NotServedHere(self.address)
+            write = self._replica.ship(self.epoch)
+            await self._send_first_image()
+            if write is not None:
+                # Not past the lease: if the store does not answer before it runs out (a
+                # host cut off), the write fails then and its callers hear 503, instead of
+                # waiting for the connection's timeout. Its outcome is unknown.
+                ticket = storage.committer.submit(write)
+                with trio.move_on_after(storage.keeper.remaining(self.partition)) as scope:
+                    await ticket.wait()
+                if scope.cancelled_caught:
+                    # Still queued or in flight: the actor's next open waits for its end
+                    # all the same (a restore before it would number its batches again).
+                    storage.hold_until_ended(self.address, ticket)
+                    raise _unknown(self.address)
+                storage.committed(self)
+        except BaseException as exc:
+            self._failed = exc
+            storage.forget(self.address)  # the local file is unknown: restore it next time
+            error = _sync_error(self.address, exc)
+            if error is exc:
                 raise
-            finally:
-                storage.syncing(self.address, -1)
+            raise error from exc
+        finally:
+            storage.syncing(self.address, -1)
 
     async def _send_first_image(self) -> None:
         """An actor new to the cluster: its image goes first, as batch 0 (fenced)."""
@@ -158,12 +191,22 @@ class ClusterDatabase:
         """After ``close``: commit what it had not shipped (and its first image, if it never
         synced), once a sync still running has ended; nothing if a sync failed, since a batch
         after a missing one would leave a hole in what the store holds."""
-        storage = self._storage
-        async with self._one_at_a_time:
-            if self._failed is not None:
-                raise NotServedHere(self.address) from self._failed
-            await self._send_first_image()
-            await storage.committer.commit(write)
+        try:
+            async with self._one_at_a_time:
+                if self._failed is not None:
+                    raise NotServedHere(self.address) from self._failed
+                await self._send_first_image()
+                await self._storage.committer.commit(write)
+        except BaseException as exc:
+            self.close_commit_ended(exc)
+            raise
+        self.close_commit_ended(None)
+
+    def close_commit_ended(self, error: BaseException | None) -> None:
+        """The commit of what ``close`` shipped has ended (``error`` if it failed, or never
+        ran): a sync asked for after the close ends with it."""
+        self._close_error = error
+        self._close_commit.set()
 
     def close(self) -> None:
         # Plain writes since the last sync are only in the local file: read them out of the
@@ -181,13 +224,16 @@ class ClusterDatabase:
             except Exception as exc:
                 log.warning("could not read a closing actor's log", address=self.address,
                             error=repr(exc))  # fmt: skip
+        self._shut = True
         storage.database_closed(self)
         self._inner.close()
         self._replica.close()  # its own descriptor is of -wal only, which SQLite never locks
         if not trusted:
             storage.forget(self.address)
+            self.close_commit_ended(NotServedHere(self.address))
         elif write is not None or self._image is not None:
             storage.commit_after_close(self, write)
         else:
             storage.shipped(self.address, self._replica.seq)
+            self.close_commit_ended(None)
         self.closed.set()

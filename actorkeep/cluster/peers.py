@@ -23,7 +23,14 @@ import structlog
 import trio
 
 from ..address import split_address
-from ..errors import CallTimeout, HostClosed, Overloaded, RemoteError, error_for_status
+from ..errors import (
+    CallTimeout,
+    HostClosed,
+    OutcomeUnknown,
+    Overloaded,
+    RemoteError,
+    error_for_status,
+)
 from ..http import Headers, Request, Response
 from .peerwire import Channel, FrameTooLarge, Nonce, PeerRefused, accept, dial
 
@@ -49,11 +56,10 @@ class Unreachable(Exception):
     """The owner's internal port could not be reached: nothing was sent."""
 
 
-class OutcomeUnknown(Overloaded):
-    """503: the connection to the owner was lost after the event was sent: it may have run."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(f"lost the host serving {address}; the call may have run", 1.0)
+def outcome_unknown(address: str) -> OutcomeUnknown:
+    """The connection to the owner was lost after the event was sent, or the owner stopped
+    with it: it may have run."""
+    return OutcomeUnknown(f"lost the host serving {address}; the call may have run")
 
 
 class Local(Protocol):
@@ -87,6 +93,8 @@ def _error_of(exc: BaseException) -> list[Any]:
     if isinstance(exc, RemoteError):
         retry_after = getattr(exc, "retry_after", None)
         return ["remote", exc.status, exc.error, exc.message, retry_after]
+    if isinstance(exc, OutcomeUnknown):
+        return ["unknown", 503, "OutcomeUnknown", exc.message, exc.retry_after]
     if isinstance(exc, CallTimeout):
         return ["timeout", 504, "CallTimeout", str(exc), None]
     if isinstance(exc, HostClosed):
@@ -104,10 +112,12 @@ def _raise_error(error: Any, address: str) -> None:
         raise Elsewhere(address)
     if kind == "timeout":
         raise CallTimeout(message)
+    if kind == "unknown":
+        raise OutcomeUnknown(message)
     if kind == "closed":
         # The owner is stopping: the event may have run (cancelled halfway, or its reply
         # abandoned), so it is not tried again.
-        raise OutcomeUnknown(address)
+        raise outcome_unknown(address)
     exc = error_for_status(status, name, message)
     if isinstance(exc, Overloaded) and isinstance(retry_after, int | float):
         exc.retry_after = float(retry_after)
@@ -385,7 +395,7 @@ class Peers:
                 raise RemoteError(413, "PayloadTooLarge", str(exc)) from None
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 link.broken = True  # the next call dials again
-                raise OutcomeUnknown(address) from None
+                raise outcome_unknown(address) from None
             if timeout is None:
                 await slot.done.wait()
             else:
@@ -397,7 +407,7 @@ class Peers:
             link.waiting.pop(call_id, None)
         reply = slot.reply
         if reply is None:
-            raise OutcomeUnknown(address)
+            raise outcome_unknown(address)
         _, status, result = reply
         if status != _OK:
             _raise_error(result, address)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from ..errors import OutcomeUnknown
 from ..http import Request, Response
 from ..runtime.router import Target
 from .backend import ClusterStorage
@@ -67,13 +68,20 @@ class ClusterRouter:
     def _check(self, address: str, partition: int, before: bool) -> None:
         lease = self._keeper.lease_for(partition)
         if lease is None:
-            raise Elsewhere(address) if before else NotServedHere(address)
+            if before:
+                raise Elsewhere(address)
+            # The event ran (and what the gate let through is durable): only its reply stays.
+            raise OutcomeUnknown(
+                f"{address}: the lease ran out while its event ran; the call may have run"
+            )
         opened = self._storage.opened_under(address)
         # In memory from before the partition left this host and came back, what the actor
         # holds may be stale: out of memory with it, and the event opens it afresh (restored
         # from the store). If it is busy, or the epoch changed while the event ran: 503.
         stale = opened is not None and opened != lease.epoch
-        if stale and not (before and self.host.evict(address)):
+        if stale and not before:
+            raise OutcomeUnknown(f"{address}: its partition moved while its event ran")
+        if stale and not self.host.evict(address):
             raise NotServedHere(address)
 
     async def _within_lease(
@@ -120,6 +128,23 @@ class ClusterRouter:
             await trio.sleep(pause)
             pause = min(2 * pause, _LONGEST_PAUSE)
 
+    def serves(self, address: str) -> bool:
+        """Whether this host holds the partition of ``address`` by its own clock, under the
+        epoch its database was opened with (if it is open)."""
+        lease = self._keeper.lease_for(self._partition(address))
+        if lease is None:
+            return False
+        opened = self._storage.opened_under(address)
+        return opened is None or opened == lease.epoch
+
+    def may_leave(self, caller: str) -> None:
+        """A call an actor of this host makes is one of its outputs: it leaves only while the
+        host holds the caller's partition under the epoch its database was opened with. (An
+        alarm or a retry of one can run the event of an actor whose partition has just
+        moved; its writes are fenced, and this stops what it would tell others.)"""
+        if self._storage.opened_under(caller) is not None and not self.serves(caller):
+            raise NotServedHere(caller)
+
     # -- what the host calls: anywhere in the cluster -------------------------------------
     async def deliver(
         self,
@@ -129,6 +154,8 @@ class ClusterRouter:
         chain: tuple[str, ...],
         timeout: float | None,
     ) -> Response:
+        if chain:
+            self.may_leave(chain[-1])
         address = f"{class_name}/{name}"
         if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
@@ -152,6 +179,7 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
+        self.may_leave(caller)
         if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
                 return await self.call_rpc_local(caller, chain, address, method, args, timeout)

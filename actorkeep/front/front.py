@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import structlog
 
 from ..address import check_actor_name
-from ..errors import HostClosed, Overloaded, Quarantined
+from ..errors import HostClosed, OutcomeUnknown, Overloaded, Quarantined
 from ..http import (
     RESERVED_HEADER_PREFIX,
     Headers,
@@ -51,6 +51,10 @@ class Front:
         except Overloaded as exc:
             return error_response(
                 503, "Overloaded", exc.message, {"retry-after": str(round(exc.retry_after))}
+            )
+        except OutcomeUnknown as exc:  # the call may have run: 503, not a gateway timeout
+            return error_response(
+                503, "OutcomeUnknown", exc.message, {"retry-after": str(round(exc.retry_after))}
             )
         except HostClosed as exc:
             return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})

@@ -58,6 +58,9 @@ class AlarmRunner(Protocol):
     def fail(self, act: Activation, exc: Exception) -> None:
         """A failed event: roll back, discard the instance, log (quarantine if damaged)."""
 
+    def serves(self, address: str) -> bool:
+        """Whether this host may run the actor's events now (``Router.serves``)."""
+
 
 # -- the scheduler -------------------------------------------------------------------------------
 
@@ -285,6 +288,15 @@ class AlarmScheduler:
                 raise OSError("buggify: the alarm event hit a storage error")
             if act.db is None:
                 await act.open()
+            if not self._runner.serves(address):
+                # Handed to the actor while this host served it, run after it stopped (a
+                # cluster's partition moved meanwhile): the owner's index fires it. Or it
+                # came back under a new owner's epoch while the actor stayed in memory: the
+                # database is opened afresh once this event ends, and the alarm fires again.
+                act.reset_pending = True
+                self.running.discard(address)
+                self.poke(self.clock.now())
+                return
             state = act.alarm
             cleared = False
             assert act.db is not None

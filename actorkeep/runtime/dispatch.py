@@ -20,8 +20,8 @@ from trio.lowlevel import current_task
 from ..actor import Actor
 from ..address import check_actor_name, split_address
 from ..app import ActorClass
-from ..errors import HostClosed, Overloaded, Quarantined
-from ..http import Response
+from ..errors import HostClosed, OutcomeUnknown, Overloaded, Quarantined
+from ..http import Response, error_response
 from .activation import Activation, ActivationHost, reset_current_actor, set_current_actor
 from .activations import Activations
 from .alarms import AlarmScheduler
@@ -292,8 +292,13 @@ class Dispatcher:
         return gate
 
     def _refusal(self, act: Activation, ev: Event, exc: BaseException) -> Response:
-        """The reply to an event whose writes a failed sync may have lost (500)."""
+        """The reply to an event whose writes a failed sync may have lost: 500, or 503 when
+        the storage says the actor is served elsewhere now or the outcome is unknown."""
         assert isinstance(exc, Exception)
+        if isinstance(exc, Overloaded | OutcomeUnknown):
+            name = "Overloaded" if isinstance(exc, Overloaded) else "OutcomeUnknown"
+            retry = {"retry-after": str(max(1, round(exc.retry_after)))}
+            return error_response(503, name, exc.message, retry)
         return self.failures.error_reply(
             exc, "a durable write failed: its reply is refused", act.address, ev.from_outside
         )

@@ -10,7 +10,10 @@ is waiting.
 
 If a sync fails, nothing it covered is ever acknowledged: every held reply and every waiter
 gets the error, and the actor is reset (its instance discarded, its database closed and
-opened again from the disk by its next event).
+opened again from the disk by its next event). The error is ``SyncFailed`` (the disk failed),
+or what the storage raised if it says more: ``Overloaded`` (a cluster host no longer serves
+the actor, so nothing the sync covered is durable) or ``OutcomeUnknown`` (a commit to the
+cluster's store did not end: the writes may be durable).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import outcome
 import structlog
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
-from ..errors import HostClosed
+from ..errors import HostClosed, OutcomeUnknown, Overloaded
 from .storage import Database
 
 log = structlog.get_logger("actorkeep")
@@ -125,10 +128,16 @@ class Gate:
         if not self.syncing:
             self._start()
 
-    def error(self) -> SyncFailed:
-        """The error a failed sync gives whoever waits for it."""
+    def error(self) -> Exception:
+        """The error a failed sync gives whoever waits for it (a new one each time)."""
+        failed = self.failed
+        if isinstance(failed, Overloaded):
+            return Overloaded(f"the actor's writes were not made durable: {failed.message}",
+                              failed.retry_after)  # fmt: skip
+        if isinstance(failed, OutcomeUnknown):
+            return OutcomeUnknown(failed.message, failed.retry_after)
         return SyncFailed(
-            f"a sync of {self._db.where} failed ({self.failed!r}): writes it covered may be lost"
+            f"a sync of {self._db.where} failed ({failed!r}): writes it covered may be lost"
         )
 
     async def wait(self) -> None:

@@ -425,6 +425,10 @@ class Host:
         """A failed alarm event (alarms.AlarmRunner): as any failed event, nobody to answer."""
         self._failures.failed(act, exc)
 
+    def serves(self, address: str) -> bool:
+        """Whether this host may run the events of ``address`` now (alarms.AlarmRunner)."""
+        return self.router.serves(address)
+
     def _take_out(self, act: Activation, message: str) -> None:
         self.dispatcher.take_out(act, message)
 

@@ -58,6 +58,11 @@ class Router(Protocol):
     ) -> Any:
         """The result of ``@rpc method(**args)`` of ``address``."""
 
+    def serves(self, address: str) -> bool:
+        """Whether this host may run events of ``address`` now. An event that reaches the
+        actor without the router (its alarm) runs only then (a cluster's host that no longer
+        holds the actor's partition drops it: the owner fires it)."""
+
 
 class LocalRouter:
     """Every address lives on this one host: its ``deliver`` and ``call_rpc`` are the host's
@@ -67,3 +72,6 @@ class LocalRouter:
         self.host = host
         self.deliver: Callable[..., Coroutine[Any, Any, Response]] = host.deliver_here
         self.call_rpc: Callable[..., Coroutine[Any, Any, Any]] = host.call_rpc_here
+
+    def serves(self, address: str) -> bool:
+        return True

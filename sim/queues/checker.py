@@ -416,6 +416,11 @@ class QueueChecker:
         if not leases:
             return []
         last = max(leases, key=lambda s: (s.end, s.start))
+        # The last to answer may be an older lease whose reply was held up (a cut link): one
+        # begun after it with a greater attempt took effect after it.
+        after = [s for s in leases if s.start >= last.start and s.attempt > last.attempt]
+        if after:
+            last = max(after, key=lambda s: (s.attempt, s.end, s.start))
         if last.source == "deliver":
             return None if last.outcome == "ack" else [last]
         for st in self.settlements.get((queue, i), []):
