@@ -18,11 +18,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cluster_bugs import CLUSTER_BUGS
 from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .history import History
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
+
+try:  # the cluster needs the package's cluster extra (psycopg)
+    from .cluster import CLUSTER_BUGS
+except ImportError:  # pragma: no cover - without the extra, only single hosts
+    CLUSTER_BUGS = {}
 
 _ROOT = Path(__file__).resolve().parent.parent
 _ALL_BUGS = sorted(

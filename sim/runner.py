@@ -100,8 +100,8 @@ def run_seed(
     idle_timeout = rng.choice(IDLE_TIMEOUTS)
     cluster_bug: dict[str, Any] = {}
     if bug is not None and bug not in scenario.bugs:
-        from .cluster_bugs import CLUSTER_BUGS
-        from .cluster_world import ObservedRouter
+        from .cluster import CLUSTER_BUGS
+        from .cluster.observers import ObservedRouter
 
         if bug not in CLUSTER_BUGS:
             raise ValueError(f"no planted bug {bug!r}")
@@ -124,7 +124,7 @@ def run_seed(
     }
     world: World
     if cluster:
-        from .cluster_world import ClusterWorld
+        from .cluster import ClusterWorld
 
         hosts = sub_rng(seed, "cluster").randint(*CLUSTER_HOSTS)
         world = ClusterWorld(
@@ -139,7 +139,7 @@ def run_seed(
     history = world.history
     violations = check_errors(history) + setup.check(history)
     if cluster:
-        from .cluster_world import check_single_owner
+        from .cluster import check_single_owner
 
         violations += check_single_owner(history)
     return seed_result(seed, world, violations, setup.ops(history), started, summary)

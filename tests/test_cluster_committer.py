@@ -98,7 +98,7 @@ async def test_a_runner_that_fails_fails_its_batch_and_the_next_one_goes_on() ->
     """If running the store's call fails (no thread left, a lost reply in the simulator), the
     batch's outcome is unknown: its writers hear the error, and the committer goes on with the
     next batch instead of stopping (it used to end its task, and no commit ran again)."""
-    from sim.cluster_store import MemoryCluster
+    from sim.cluster.store import MemoryCluster
 
     cluster = MemoryCluster(2, clock=trio.current_time)
     store = cluster.connect("a", trio.current_time)

@@ -1,5 +1,5 @@
 """A host's leases (actorkeep/cluster/keeper.py) on a real PostgreSQL and on the simulator's
-in-memory store (sim/cluster_store.py): a fair share among the live hosts, partitions handed
+in-memory store (sim/cluster/store.py): a fair share among the live hosts, partitions handed
 over when a host joins or leaves, taken over when one dies, and served only while the host's
 own clock says the lease holds."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
 from actorkeep.cluster.records import Store
-from sim.cluster_store import MemoryCluster
+from sim.cluster.store import MemoryCluster
 
 SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
 PARTITIONS = 8

@@ -1,6 +1,6 @@
 """The cluster's store on a real PostgreSQL (tests/pg.py): partitions, leases decided by
 PostgreSQL's clock, epochs that grow at every takeover, and commits fenced by them. The checks
-of what a store promises run against the simulator's in-memory model too (``sim/cluster_store``,
+of what a store promises run against the simulator's in-memory model too (``sim/cluster/store.py``,
 its clock moved by hand): the two must agree."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from actorkeep.cluster import (
 )
 from actorkeep.cluster.records import AlarmChange, Store
 from actorkeep.cluster.store import COMMIT_FRAMES, COMMIT_ONE
-from sim.cluster_store import MemoryCluster
+from sim.cluster.store import MemoryCluster
 
 TTL, MARGIN = 0.6, 0.2
 

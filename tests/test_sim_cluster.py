@@ -1,4 +1,4 @@
-"""The cluster under the simulator (sim/cluster_world.py): several real cluster hosts over the
+"""The cluster under the simulator (sim/cluster/world.py): several real cluster hosts over the
 simulated store and network in one seeded trio run. A seed replays exactly; the scenarios'
 checkers and the single-owner check pass on 1 to 5 hosts; the single-owner check catches a
 router that serves from a stale belief."""
@@ -13,11 +13,12 @@ import trio
 
 import actorkeep as ak
 from actorkeep.cluster.partitions import partition_of
-from sim.cluster_bugs import (
+from sim.cluster import ClusterWorld, check_single_owner
+from sim.cluster.bugs import (
     ServesWithoutMargin,
     TrustsWhatItHasOpen,
 )
-from sim.cluster_world import ClusterWorld, ObservedRouter, ObservedStore, check_single_owner
+from sim.cluster.observers import ObservedRouter, ObservedStore
 from sim.runner import run_seed
 from sim.scenarios import SCENARIOS
 

@@ -1,4 +1,4 @@
-"""The simulator's model of the cluster's store (sim/cluster_store.py): seeded latency, replies
+"""The simulator's model of the cluster's store (sim/cluster/store.py): seeded latency, replies
 lost after the call took effect, and a failover that keeps what was committed; and cluster hosts
 running on it through the production seam (``ClusterStorage(..., run_store=...)``), as on
 PostgreSQL."""
@@ -24,7 +24,7 @@ from actorkeep.cluster.frames import LogFormatError
 from actorkeep.cluster.records import StoreError, Write
 from actorkeep.cluster.replica import held
 from actorkeep.testing import open_host
-from sim.cluster_store import MemoryCluster, ReplyLost, StoreLink, StoreUnreachable
+from sim.cluster.store import MemoryCluster, ReplyLost, StoreLink, StoreUnreachable
 
 
 async def test_a_link_is_slow_loses_replies_and_waits_out_a_failover(

@@ -1,4 +1,4 @@
-"""The simulated network between cluster hosts (sim/network.py), carrying the hosts' real
+"""The simulated network between cluster hosts (sim/cluster/network.py), carrying the hosts' real
 internal protocol (actorkeep/cluster/peers.py) under virtual time: delays drawn from the seed,
 links cut one way or both that hold what is sent until they heal, refused connections."""
 
@@ -14,7 +14,7 @@ import trio.testing
 from actorkeep.cluster.peers import Peers, Unreachable, serve_connection
 from actorkeep.errors import CallTimeout
 from actorkeep.http import Request, Response
-from sim.network import SimNetwork
+from sim.cluster.network import SimNetwork
 
 SECRET = b"k" * 32
 

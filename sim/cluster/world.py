@@ -29,7 +29,7 @@ import contextvars
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,22 +37,21 @@ import trio
 
 from actorkeep.app import App
 from actorkeep.cluster.backend import ClusterStorage
-from actorkeep.cluster.keeper import LeaseKeeper, LeaseSettings
+from actorkeep.cluster.keeper import LeaseSettings
 from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.peers import Peers, serve_connection
-from actorkeep.cluster.records import AlarmChange, StoreError, Write
-from actorkeep.cluster.router import ClusterRouter
+from actorkeep.cluster.records import StoreError
 from actorkeep.errors import CallTimeout, Overloaded
-from actorkeep.http import Request, Response
+from actorkeep.http import Response
 from actorkeep.runtime.host import Host
 from actorkeep.runtime.router import Target
 
-from .check import Violation
-from .cluster_store import MemoryCluster, MemoryStore, StoreLink
-from .faults import Faults
-from .history import History, Op, Status
+from ..faults import Faults
+from ..history import Op, Status
+from ..world import ANCHOR, WORLD_CALLER, Incarnation, World
 from .network import SimNetwork
-from .world import ANCHOR, WORLD_CALLER, Incarnation, World
+from .observers import ObservedKeeper, ObservedRouter, ObservedStorage, ObservedStore
+from .store import MemoryCluster, StoreLink
 
 T = TypeVar("T")
 
@@ -105,136 +104,6 @@ class ClusterIncarnation(Incarnation):
         """Until this host runs (a paused host takes no request and lets no reply out)."""
         while self.resumed is not None:
             await self.resumed.wait()
-
-
-class ObservedRouter(ClusterRouter):
-    """The cluster's router, with every reply of an actor this host serves checked against
-    the store at the moment it leaves the router (``ClusterWorld.reply_leaves``)."""
-
-    def __init__(
-        self,
-        host: Target,
-        storage: ClusterStorage,
-        peers: Peers,
-        world: ClusterWorld,
-    ) -> None:
-        super().__init__(host, storage, peers)
-        self._world = world
-        #: The incarnation this router is of (set once it is made, after its host).
-        self.incarnation: ClusterIncarnation | None = None
-
-    def _leaves(self, address: str) -> None:
-        assert self.incarnation is not None
-        self._world.reply_leaves(self.incarnation, address)
-
-    def may_leave(self, caller: str) -> None:
-        super().may_leave(caller)
-        assert self.incarnation is not None
-        if self.incarnation.storage.opened_under(caller) is not None:
-            self._world.reply_leaves(self.incarnation, caller, "call")
-
-    async def deliver_local(
-        self,
-        class_name: str,
-        name: str,
-        request: Request,
-        chain: tuple[str, ...],
-        timeout: float | None,
-    ) -> Response:
-        response = await super().deliver_local(class_name, name, request, chain, timeout)
-        self._leaves(f"{class_name}/{name}")
-        return response
-
-    async def call_rpc_local(
-        self,
-        caller: str,
-        chain: tuple[str, ...],
-        address: str,
-        method: str,
-        args: dict[str, Any],
-        timeout: float | None,
-    ) -> Any:
-        result = await super().call_rpc_local(caller, chain, address, method, args, timeout)
-        self._leaves(address)
-        return result
-
-
-class ObservedStore(MemoryStore):
-    """A host's handle on the simulated store, telling the world of every write it accepted
-    under an epoch its partition no longer has (fencing failed)."""
-
-    world: ClusterWorld | None = None
-
-    def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
-        rows = self.cluster.leases
-        stale = sorted(
-            {w.address for w in writes if rows[w.partition].epoch != w.epoch}
-            | {a.address for a in alarms if rows[a.partition].epoch != a.epoch}
-        )
-        super().commit(writes, alarms)
-        if stale:
-            self._accepted(stale)
-
-    def compact(self, partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:
-        stale = self.cluster.leases[partition].epoch != epoch
-        super().compact(partition, epoch, address, seq, image)
-        if stale:
-            self._accepted([address])
-
-    def _accepted(self, addresses: list[str]) -> None:
-        assert self.world is not None
-        self.world.history.observe(
-            "cluster.stale-commit", self.world.now(), by=self.host_id, addresses=addresses
-        )
-
-
-class ObservedStorage(ClusterStorage):
-    """The cluster's storage backend, telling the world each time an actor's local file is
-    given up: what the store did not have of it (plain writes) is lost, as by a power loss of
-    that file on a single host."""
-
-    def __init__(self, *args: Any, world: ClusterWorld, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._world = world
-        self.number = 0  # the incarnation's, once it is made
-
-    def forget(self, address: str) -> None:
-        super().forget(address)
-        self._world.history.fault(
-            "power-loss",
-            self._world.now(),
-            by=self.number,
-            rolled_back=[f"actors/{address}"],
-            why="the local file is given up",
-        )
-
-
-class ObservedKeeper(LeaseKeeper):
-    """The lease keeper, telling the world of each partition its host takes: what the store
-    did not have of the partition's actors (plain writes not shipped by their last owner) is
-    lost, as by a power loss of their files, before the new owner serves them."""
-
-    def __init__(self, *args: Any, world: ClusterWorld, number: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._world = world
-        self._number = number
-
-    def tick(self) -> None:
-        before = {(p, lease.epoch) for p, lease in self.held.items()}
-        super().tick()
-        # By epoch: a lease lost and taken again in one tick restores its actors all the same.
-        taken = {p for p, lease in self.held.items() if (p, lease.epoch) not in before}
-        if taken:
-            self._world.back("partitions taken over")
-            files = self._world.actors_in(taken)
-            if files:
-                self._world.history.fault(
-                    "power-loss",
-                    self._world.now(),
-                    by=self._number,
-                    rolled_back=files,
-                    why="partitions taken over",
-                )
 
 
 class ClusterWorld(World):
@@ -750,42 +619,3 @@ def _only_store_errors(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_store_errors(e) for e in exc.exceptions)
     return isinstance(exc, StoreError)
-
-
-def check_single_owner(history: History) -> list[Violation]:
-    """Every reply (and call) left a host that owned the actor's partition by the store and by
-    its own clock; the store accepted no write under an epoch its partition no longer had;
-    after ``heal``, every partition got an owner."""
-    out = []
-    for entry in history.observations:
-        if entry.kind == "cluster.stale-reply":
-            d = entry.detail
-            out.append(
-                Violation(
-                    "single-owner",
-                    f"host {d['host']} let a {d['what']} of {d['address']} out while the store "
-                    f"said owner {d['owner']} epoch {d['epoch']}"
-                    f"{' (expired)' if d['expired'] else ''}, its own clock "
-                    f"{'agreed' if d['own_clock_ok'] else 'said its lease had run out'}",
-                    entries=(entry.index,),
-                )
-            )
-        elif entry.kind == "cluster.stale-commit":
-            d = entry.detail
-            out.append(
-                Violation(
-                    "fenced",
-                    f"the store accepted a write of {', '.join(d['addresses'])} from "
-                    f"{d['by']} under an epoch its partition no longer had",
-                    entries=(entry.index,),
-                )
-            )
-        elif entry.kind == "cluster.owned" and not entry.detail["ok"]:
-            out.append(
-                Violation(
-                    "owned-after-heal",
-                    f"some partitions had no owner {entry.detail['waited']:.1f} s after heal",
-                    entries=(entry.index,),
-                )
-            )
-    return out

@@ -9,7 +9,7 @@ from typing import Any
 
 from actorkeep.cluster.records import AlarmChange, Lease, Write
 
-from .cluster_world import ObservedRouter, ObservedStore
+from .observers import ObservedRouter, ObservedStore
 
 
 class SkipsTheEpochCheck(ObservedStore):

@@ -1,0 +1,170 @@
+"""What the cluster world puts between its hosts and their real parts to watch them: the
+router (every reply and call let out, checked against the store), the store handle (every
+write it accepted under an old epoch), the storage backend and the lease keeper (each working
+copy given up, each partition taken over: a power loss of those files, for the checkers)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.keeper import LeaseKeeper
+from actorkeep.cluster.peers import Peers
+from actorkeep.cluster.records import AlarmChange, Write
+from actorkeep.cluster.router import ClusterRouter
+from actorkeep.http import Request, Response
+from actorkeep.runtime.router import Target
+
+from ..history import History
+from .store import MemoryStore
+
+
+class Host(Protocol):
+    """What the observers need of a host incarnation (``ClusterIncarnation``)."""
+
+    storage: ClusterStorage
+
+
+class Watcher(Protocol):
+    """Where the observers report (``ClusterWorld``)."""
+
+    history: History
+
+    def now(self) -> float: ...
+
+    def reply_leaves(self, inc: Any, address: str, what: str = "reply") -> None: ...
+
+    def back(self, why: str) -> None: ...
+
+    def actors_in(self, partitions: set[int]) -> list[str]: ...
+
+
+class ObservedRouter(ClusterRouter):
+    """The cluster's router, with every reply of an actor this host serves checked against
+    the store at the moment it leaves the router (``Watcher.reply_leaves``)."""
+
+    def __init__(
+        self,
+        host: Target,
+        storage: ClusterStorage,
+        peers: Peers,
+        world: Watcher,
+    ) -> None:
+        super().__init__(host, storage, peers)
+        self._world = world
+        #: The incarnation this router is of (set once it is made, after its host).
+        self.incarnation: Host | None = None
+
+    def _leaves(self, address: str) -> None:
+        assert self.incarnation is not None
+        self._world.reply_leaves(self.incarnation, address)
+
+    def may_leave(self, caller: str) -> None:
+        super().may_leave(caller)
+        assert self.incarnation is not None
+        if self.incarnation.storage.opened_under(caller) is not None:
+            self._world.reply_leaves(self.incarnation, caller, "call")
+
+    async def deliver_local(
+        self,
+        class_name: str,
+        name: str,
+        request: Request,
+        chain: tuple[str, ...],
+        timeout: float | None,
+    ) -> Response:
+        response = await super().deliver_local(class_name, name, request, chain, timeout)
+        self._leaves(f"{class_name}/{name}")
+        return response
+
+    async def call_rpc_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        method: str,
+        args: dict[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        result = await super().call_rpc_local(caller, chain, address, method, args, timeout)
+        self._leaves(address)
+        return result
+
+
+class ObservedStore(MemoryStore):
+    """A host's handle on the simulated store, telling the world of every write it accepted
+    under an epoch its partition no longer has (fencing failed)."""
+
+    world: Watcher | None = None
+
+    def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
+        rows = self.cluster.leases
+        stale = sorted(
+            {w.address for w in writes if rows[w.partition].epoch != w.epoch}
+            | {a.address for a in alarms if rows[a.partition].epoch != a.epoch}
+        )
+        super().commit(writes, alarms)
+        if stale:
+            self._accepted(stale)
+
+    def compact(self, partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:
+        stale = self.cluster.leases[partition].epoch != epoch
+        super().compact(partition, epoch, address, seq, image)
+        if stale:
+            self._accepted([address])
+
+    def _accepted(self, addresses: list[str]) -> None:
+        assert self.world is not None
+        self.world.history.observe(
+            "cluster.stale-commit", self.world.now(), by=self.host_id, addresses=addresses
+        )
+
+
+class ObservedStorage(ClusterStorage):
+    """The cluster's storage backend, telling the world each time an actor's local file is
+    given up: what the store did not have of it (plain writes) is lost, as by a power loss of
+    that file on a single host."""
+
+    def __init__(self, *args: Any, world: Watcher, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._world = world
+        self.number = 0  # the incarnation's, once it is made
+
+    def forget(self, address: str) -> None:
+        super().forget(address)
+        self._world.history.fault(
+            "power-loss",
+            self._world.now(),
+            by=self.number,
+            rolled_back=[f"actors/{address}"],
+            why="the local file is given up",
+        )
+
+
+class ObservedKeeper(LeaseKeeper):
+    """The lease keeper, telling the world of each partition its host takes: what the store
+    did not have of the partition's actors (plain writes not shipped by their last owner) is
+    lost, as by a power loss of their files, before the new owner serves them."""
+
+    def __init__(self, *args: Any, world: Watcher, number: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._world = world
+        self._number = number
+
+    def tick(self) -> None:
+        before = {(p, lease.epoch) for p, lease in self.held.items()}
+        super().tick()
+        # By epoch: a lease lost and taken again in one tick restores its actors all the same.
+        taken = {p for p, lease in self.held.items() if (p, lease.epoch) not in before}
+        if taken:
+            self._world.back("partitions taken over")
+            files = self._world.actors_in(taken)
+            if files:
+                self._world.history.fault(
+                    "power-loss",
+                    self._world.now(),
+                    by=self._number,
+                    rolled_back=files,
+                    why="partitions taken over",
+                )
