@@ -170,7 +170,7 @@ def cluster_args(conninfo: str) -> tuple[str, ...]:
 @contextlib.contextmanager
 def cluster(app_spec: str, conninfo: str, root: Path, hosts: int) -> Iterator[list[Server]]:
     """``hosts`` hosts, until each holds its share of the partitions."""
-    from bench.cluster_crash import owners
+    from bench.cluster_crash import owners, shared_out
 
     servers: list[Server] = []
     root.mkdir(parents=True, exist_ok=True)
@@ -179,8 +179,7 @@ def cluster(app_spec: str, conninfo: str, root: Path, hosts: int) -> Iterator[li
             servers.append(Server(app_spec, root / f"h{i}", cluster_args(conninfo)))
         end = time.monotonic() + 30
         while True:
-            now = owners(conninfo)
-            if len(now) == PARTITIONS and len(set(now.values())) == hosts:
+            if shared_out(owners(conninfo), hosts, PARTITIONS):
                 break
             assert time.monotonic() < end, "the partitions were not shared out"
             time.sleep(0.05)

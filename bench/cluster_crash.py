@@ -105,12 +105,22 @@ def host_id(conninfo: str, server: Server) -> str:
     return str(row[0])
 
 
+def shared_out(now: dict[int, str], hosts: int, partitions: int = PARTITIONS) -> bool:
+    """Whether every partition has an owner and ``hosts`` hosts hold their shares (none above
+    it: no more partitions to hand over while a load runs)."""
+    held: dict[str, int] = {}
+    for owner in now.values():
+        held[owner] = held.get(owner, 0) + 1
+    share = -(-partitions // hosts)
+    return len(now) == partitions and len(held) == hosts and max(held.values()) <= share
+
+
 def wait_settled(conninfo: str, hosts: int, deadline: float = 30.0) -> None:
-    """Until every partition has an owner and ``hosts`` hosts hold some."""
+    """Until every partition has an owner and ``hosts`` hosts hold their shares."""
     end = time.monotonic() + deadline
     while True:
         now = owners(conninfo)
-        if len(now) == PARTITIONS and len(set(now.values())) == hosts:
+        if shared_out(now, hosts):
             return
         if time.monotonic() > end:
             raise Inconsistent("start", [f"partitions not shared out: {len(now)} owned"])

@@ -1,7 +1,7 @@
 """``python -m sim``: seeded sweeps, replays and the determinism self-check.
 
 python -m sim --seeds 200 [--start 0] [--scenario all|kv|alarms|queues]
-              [--faults all|none|crash,power,fsync,calls,alarms,buggify] [--bug NAME]
+              [--faults all|none|crash,power,fsync,calls,alarms,buggify,store] [--bug NAME]
               [--check-determinism]
 python -m sim replay SEED [--scenario NAME] [--faults ...] [--bug NAME] [--all]
 python -m sim hash SEED [--scenario NAME] [--faults ...] [--bug NAME]

@@ -58,8 +58,9 @@ class Faults:
         self.buggify = False
 
 
-#: The fault kinds a run can have; ``--faults`` picks a subset.
-FAULT_KINDS = ("crash", "power", "fsync", "calls", "alarms", "buggify")
+#: The fault kinds a run can have; ``--faults`` picks a subset. ``store``: on a cluster, the
+#: store's replies lost after the call took effect (a single host has no store).
+FAULT_KINDS = ("crash", "power", "fsync", "calls", "alarms", "buggify", "store")
 
 
 def parse_faults(text: str) -> frozenset[str]:

@@ -81,6 +81,8 @@ IDLE_TIMEOUTS = (0.05, 1.0, 30.0)
 
 #: Hosts of a cluster run: drawn from the seed in this range.
 CLUSTER_HOSTS = (1, 5)
+#: The fraction of the store's replies lost after the call took effect, one drawn per run.
+STORE_REPLIES_LOST = (0.0, 0.0, 0.01, 0.05)
 
 
 def run_seed(
@@ -127,11 +129,14 @@ def run_seed(
         from .cluster import ClusterWorld
 
         hosts = sub_rng(seed, "cluster").randint(*CLUSTER_HOSTS)
+        lost = sub_rng(seed, "cluster-store").choice(STORE_REPLIES_LOST)
+        lost = lost if "store" in faults else 0.0
         world = ClusterWorld(
             setup.app, seed, hosts=hosts, faults=draw.faults, host_options=host_options,
-            **cluster_bug,
+            lost_replies=lost, **cluster_bug,
         )  # fmt: skip
         summary["hosts"] = hosts
+        summary["store_replies_lost"] = lost
     else:
         world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     world.history.note(f"scenario {summary}")

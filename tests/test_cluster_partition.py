@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from actorkeep.cluster.partitions import partition_of
+from bench.cluster_crash import shared_out
 from tests.pg import Server as PgServer
 from tests.pg import pg_bin
 from tests.test_process import COUNTER_APP, Server
@@ -109,10 +110,9 @@ def test_a_host_cut_off_from_postgres_serves_nothing_stale(
     everyone = [*hosts, cut]
     try:
         end = time.monotonic() + 20
-        while len(set(owners(pg).values())) < 3 or len(owners(pg)) < PARTITIONS:
-            assert time.monotonic() < end, owners(pg)
+        while not shared_out(table := owners(pg), 3, PARTITIONS):  # no handover left to run
+            assert time.monotonic() < end, table
             time.sleep(0.05)
-        table = owners(pg)
         cut_address = next(a for a in table.values() if a.startswith(f"{HOST_NET}.2:"))
         names = [f"c{i}" for i in range(COUNTERS)]
         its_own = {

@@ -19,6 +19,7 @@ from sim.cluster.bugs import (
     TrustsWhatItHasOpen,
 )
 from sim.cluster.observers import ObservedRouter, ObservedStore
+from sim.faults import ALL_FAULTS
 from sim.runner import run_seed
 from sim.scenarios import SCENARIOS
 
@@ -49,12 +50,6 @@ def test_every_scenario_passes_on_clusters_without_injected_faults() -> None:
     [
         (
             "queues",
-            22,
-            "a host that gave the queue's partition up still ran its alarm and "
-            "pushed to the consumer (alarm events now run only where the actor is served)",
-        ),
-        (
-            "queues",
             55,
             "the lease ran out while an ack ran: answered Overloaded ('nothing "
             "ran'), now OutcomeUnknown",
@@ -72,17 +67,12 @@ def test_every_scenario_passes_on_clusters_without_injected_faults() -> None:
             "for ever: it is opened afresh and the alarm fires",
         ),
         ("queues", 72, "a delivery the consumer saw on a live host was not recorded"),
-        (
-            "kv",
-            6,
-            "an actor evicted with a sync still asked for refused replies whose "
-            "writes its close committed",
-        ),
     ],
 )
 def test_the_seeds_that_found_cluster_bugs_pass(scenario: str, seed: int, what: str) -> None:
-    """Each seed failed before its fix (``what``); it replays the same run since."""
-    result = run_seed(SCENARIOS[scenario], seed, cluster=True)
+    """Each seed fails without its fix (``what``; checked by undoing each), in runs without
+    the store's lost replies (drawn since). The other fixes have tests of their own."""
+    result = run_seed(SCENARIOS[scenario], seed, cluster=True, faults=ALL_FAULTS - {"store"})
     assert result.ok, (what, [str(v) for v in result.violations])
 
 
@@ -209,6 +199,7 @@ def test_the_single_owner_check_catches_a_host_serving_without_its_margin() -> N
 def test_the_fencing_check_catches_a_store_that_skips_the_epoch_check() -> None:
     """Seed 1 of the KV scenario lands a stale host's alarm change: refused by the store,
     accepted by one planted with the bug."""
-    assert run_seed(SCENARIOS["kv"], 1, cluster=True).ok
-    result = run_seed(SCENARIOS["kv"], 1, bug="skips-epoch-check", cluster=True)
+    faults = ALL_FAULTS - {"store"}
+    assert run_seed(SCENARIOS["kv"], 1, cluster=True, faults=faults).ok
+    result = run_seed(SCENARIOS["kv"], 1, bug="skips-epoch-check", cluster=True, faults=faults)
     assert any(v.invariant == "fenced" for v in result.violations), result.violations

@@ -92,6 +92,7 @@ class ClusterStorage:
         # before run() hands the leases over.
         self._syncer = Syncer()
         self._run_store = run_store
+        self._ticked = trio.Event()
 
     @property
     def committer(self) -> Committer:
@@ -124,6 +125,9 @@ class ClusterStorage:
                     except Exception as exc:  # the store unreachable: the leases run out by
                         # this host's clock, and it stops serving them; it tries again
                         log.warning("could not renew the cluster's leases", error=repr(exc))
+                    finally:
+                        ticked, self._ticked = self._ticked, trio.Event()
+                        ticked.set()
             finally:
                 self._nursery = None
                 with trio.CancelScope(shield=True):
@@ -133,6 +137,18 @@ class ClusterStorage:
                         log.warning("could not hand the partitions over", error=repr(exc))
                     self._syncer.close()
                     self.store.close()
+
+    async def until_renewed(self, partition: int) -> None:
+        """If the lease of ``partition`` lapsed by this host's clock with its renewal late,
+        until the next tick, or one tick's interval: what waits to leave (a reply, a call, a
+        commit) goes on if the renewal came, since no other host can have taken the partition
+        meanwhile (a renewal needs the lease live and unchanged in the store)."""
+        keeper = self.keeper
+        if not keeper.lapsed(partition):
+            return
+        with trio.move_on_after(keeper.settings.every):
+            while keeper.lapsed(partition):
+                await self._ticked.wait()
 
     def committed(self, db: ClusterDatabase) -> None:
         """A batch of ``db`` is in the store: past ``compact_after`` batches since its image,

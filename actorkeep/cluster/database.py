@@ -63,6 +63,8 @@ class Owner(Protocol):
 
     def in_thread(self, fn: Callable[[], Any]) -> Awaitable[Any]: ...
 
+    def until_renewed(self, partition: int) -> Awaitable[None]: ...
+
     def syncing(self, address: str, delta: int) -> None: ...
 
     def forget(self, address: str) -> None: ...
@@ -149,6 +151,7 @@ class ClusterDatabase:
             raise NotServedHere(self.address) from self._failed
         storage.syncing(self.address, +1)
         try:
+            await storage.until_renewed(self.partition)
             lease = storage.keeper.lease_for(self.partition)
             if lease is None or lease.epoch != self.epoch:
                 raise NotServedHere(self.address)

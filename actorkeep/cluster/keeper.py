@@ -61,6 +61,12 @@ class LeaseKeeper:
         lease = self._held.get(partition)
         return lease if lease is not None and self._clock() < lease.until else None
 
+    def lapsed(self, partition: int) -> bool:
+        """Whether this host still holds ``partition`` from its last tick but its own clock
+        says the lease ran out: a renewal that comes late, or never (the store unreachable)."""
+        lease = self._held.get(partition)
+        return lease is not None and self._clock() >= lease.until
+
     def remaining(self, partition: int) -> float:
         """Seconds left, by this host's clock, of its lease on ``partition`` (0 if none)."""
         lease = self._held.get(partition)

@@ -54,6 +54,8 @@ class ClusterRouter:
         self.retry_for = 2 * storage.keeper.settings.ttl if retry_for is None else retry_for
         self._refreshed = -float("inf")
         self._partitions: dict[str, int] = {}
+        # Actors whose event had a call refused by ``may_leave``: its answer cannot stand.
+        self._refused: dict[str, bool] = {}
 
     def _partition(self, address: str) -> int:
         partition = self._partitions.get(address)
@@ -89,7 +91,12 @@ class ClusterRouter:
     ) -> T:
         self._check(address, partition, before=True)
         result = await event()
+        await self._storage.until_renewed(partition)
         self._check(address, partition, before=False)  # the lease may have run out meanwhile
+        if self._refused and self._refused.pop(address, False):
+            # A call of the event was refused (``may_leave``): whatever it answers, it could
+            # not finish here; what it wrote before may be durable.
+            raise OutcomeUnknown(f"{address} was not served here while its event ran")
         return result
 
     def _refresh_owners(self) -> None:
@@ -137,12 +144,17 @@ class ClusterRouter:
         opened = self._storage.opened_under(address)
         return opened is None or opened == lease.epoch
 
-    def may_leave(self, caller: str) -> None:
+    async def may_leave(self, caller: str) -> None:
         """A call an actor of this host makes is one of its outputs: it leaves only while the
-        host holds the caller's partition under the epoch its database was opened with. (An
-        alarm or a retry of one can run the event of an actor whose partition has just
-        moved; its writes are fenced, and this stops what it would tell others.)"""
-        if self._storage.opened_under(caller) is not None and not self.serves(caller):
+        host holds the caller's partition under the epoch its database was opened with (a
+        late renewal is waited for: ``ClusterStorage.until_renewed``). An event that began
+        under the lease may call after it ran out; its writes are fenced, and this stops what
+        it would tell others."""
+        if self._storage.opened_under(caller) is None or self.serves(caller):
+            return
+        await self._storage.until_renewed(self._partition(caller))
+        if not self.serves(caller):
+            self._refused[caller] = True
             raise NotServedHere(caller)
 
     # -- what the host calls: anywhere in the cluster -------------------------------------
@@ -155,7 +167,7 @@ class ClusterRouter:
         timeout: float | None,
     ) -> Response:
         if chain:
-            self.may_leave(chain[-1])
+            await self.may_leave(chain[-1])
         address = f"{class_name}/{name}"
         if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
@@ -179,7 +191,7 @@ class ClusterRouter:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
-        self.may_leave(caller)
+        await self.may_leave(caller)
         if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
                 return await self.call_rpc_local(caller, chain, address, method, args, timeout)

@@ -60,8 +60,8 @@ class ObservedRouter(ClusterRouter):
         assert self.incarnation is not None
         self._world.reply_leaves(self.incarnation, address)
 
-    def may_leave(self, caller: str) -> None:
-        super().may_leave(caller)
+    async def may_leave(self, caller: str) -> None:
+        await super().may_leave(caller)
         assert self.incarnation is not None
         if self.incarnation.storage.opened_under(caller) is not None:
             self._world.reply_leaves(self.incarnation, caller, "call")

@@ -1,6 +1,6 @@
 """``ClusterWorld``: the hosts of a cluster and the cluster's store in one seeded trio run.
 
-    world = sim.ClusterWorld(app, seed=7, hosts=3)
+    world = sim.cluster.ClusterWorld(app, seed=7, hosts=3)
 
 Each host is a real ``Host`` with the cluster's real storage backend, lease keeper, router and
 internal protocol (``actorkeep.cluster``), over the simulator's parts instead of PostgreSQL and
@@ -18,9 +18,10 @@ resumed with stale beliefs (SIGSTOP), cut from the other hosts or from the store
 failover of the store itself. ``heal`` ends them; the next ``wait_up`` waits until every
 partition has an owner again.
 
-Every reply an actor's owner lets out (to the world or to another host) is checked at that
-moment against the store: the host must own the actor's partition there, under a lease not yet
-expired by the store's clock, and by its own clock (``check_single_owner``).
+Every reply an actor's owner lets out (to the world or to another host), and every call an
+actor makes, is checked at that moment against the store: the host must own the actor's
+partition there, under a lease not yet expired by the store's clock, and by its own clock; and
+the store must accept no write under an old epoch (``observers.py``, ``checks.py``).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class ClusterWorld(World):
                 self._nursery = nursery
                 await nursery.start(self.net.run)
                 for machine in range(self.machines):
-                    await self.start_host(machine)
+                    await self.restart_host(machine, 0.0, note=False)
                 result = await main(self)
                 await self.stop()
                 nursery.cancel_scope.cancel()
@@ -340,8 +341,15 @@ class ClusterWorld(World):
         return await self.start()
 
     async def restart_host(
-        self, machine: int, downtime: float, dead: ClusterIncarnation | None = None
+        self,
+        machine: int,
+        downtime: float,
+        dead: ClusterIncarnation | None = None,
+        note: bool = True,
     ) -> ClusterIncarnation:
+        """Start ``machine``'s host again after ``downtime`` (once ``dead`` has died), as a
+        process supervisor would: again and again while its first tick finds no store (it
+        failed over, or the tick's reply was lost)."""
         if dead is not None:
             await dead.done.wait()
         if downtime > 0:
@@ -361,7 +369,8 @@ class ClusterWorld(World):
                 )
                 await trio.sleep(RESTART_EVERY)
                 continue
-            self.history.fault("restart", self.now(), host=new.number)
+            if note:
+                self.history.fault("restart", self.now(), host=new.number)
             return new
 
     def pause(self, machine: int) -> ClusterIncarnation | None:
@@ -440,9 +449,11 @@ class ClusterWorld(World):
         """No more faults: links heal, paused hosts resume, the store answers."""
         super().heal()
         self._healed = True
+        self.lost_replies = 0.0
         self.net.heal()
         for inc in self.live.values():
             inc.link.cut = False
+            inc.link.lost_replies = 0.0
             self._resume(inc)
         self.back("healed")
 
