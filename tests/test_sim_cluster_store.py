@@ -239,3 +239,61 @@ async def test_a_sync_asked_for_after_a_close_ends_with_the_close_s_commit(
         with pytest.raises(NotServedHere):
             await other.sync()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_late_renewal_holds_a_sync_instead_of_failing_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The host's clock says the lease ran out only because its renewal is late (the store
+    slow to answer): a sync asked for then waits for the next tick and goes on once the lease
+    is renewed (no other host can have taken it: a renewal needs it live and unchanged). One
+    that is still not renewed after a tick's interval fails (503)."""
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("h1", trio.current_time)
+    link = StoreLink(cluster, random.Random(1), latency=(0.001, 0.001))
+    settings = LeaseSettings(ttl=3.0, margin=1.0)
+    keeper = LeaseKeeper(store, settings, trio.current_time)
+    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        await storage.ready("kv", "a")
+        db = storage.open_actor("kv", "a")
+        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        await db.sync()
+        link.pause()  # the next renewals hang
+        until = keeper.held[db.partition].until
+        await trio.sleep(until - trio.current_time() + 0.1)
+        assert keeper.lapsed(db.partition)
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        done: list[float | Exception] = []
+        synced = trio.Event()
+
+        async def sync() -> None:
+            try:
+                await db.sync()
+                done.append(trio.current_time())
+            except Exception as exc:
+                done.append(exc)
+            synced.set()
+
+        nursery.start_soon(sync)
+        await trio.sleep(0.3)
+        if done:
+            link.resume()
+        assert done == []  # held, not failed
+        resumed = trio.current_time()
+        link.resume()  # the renewal lands while the store still has the lease live
+        with trio.fail_after(settings.every + 1):
+            await synced.wait()
+        assert isinstance(done[0], float) and done[0] >= resumed
+        assert sorted(cluster.frames["kv/a"]) == [1, 2]
+
+        db.conn.execute("INSERT INTO t VALUES (2)")
+        link.pause()
+        await trio.sleep(keeper.held[db.partition].until - trio.current_time() + 0.1)
+        try:
+            with pytest.raises(NotServedHere):
+                await db.sync()  # a whole tick's interval, and still no renewal
+        finally:
+            link.resume()
+        nursery.cancel_scope.cancel()

@@ -90,14 +90,21 @@ class ClusterRouter:
         self, address: str, partition: int, event: Callable[[], Awaitable[T]]
     ) -> T:
         self._check(address, partition, before=True)
-        result = await event()
+        try:
+            result = await event()
+        except Exception as exc:
+            self._was_refused(address, exc)
+            raise
         await self._storage.until_renewed(partition)
         self._check(address, partition, before=False)  # the lease may have run out meanwhile
-        if self._refused and self._refused.pop(address, False):
-            # A call of the event was refused (``may_leave``): whatever it answers, it could
-            # not finish here; what it wrote before may be durable.
-            raise OutcomeUnknown(f"{address} was not served here while its event ran")
+        self._was_refused(address)
         return result
+
+    def _was_refused(self, address: str, exc: Exception | None = None) -> None:
+        """A call of the event was refused (``may_leave``): whatever it answers or raises,
+        it could not finish here, and what it wrote before may be durable."""
+        if self._refused and self._refused.pop(address, False):
+            raise OutcomeUnknown(f"{address} was not served here while its event ran") from exc
 
     def _refresh_owners(self) -> None:
         if trio.current_time() - self._refreshed >= REFRESH_EVERY:
