@@ -24,7 +24,7 @@ from actorkeep.cluster.frames import LogFormatError
 from actorkeep.cluster.records import StoreError, Write
 from actorkeep.cluster.replica import held
 from actorkeep.testing import open_host
-from sim.cluster.store import MemoryCluster, ReplyLost, StoreLink, StoreUnreachable
+from sim.cluster.store import MemoryCluster, MemoryStore, ReplyLost, StoreLink, StoreUnreachable
 
 
 async def test_a_link_is_slow_loses_replies_and_waits_out_a_failover(
@@ -150,14 +150,24 @@ async def test_hosts_on_the_model_keep_every_acknowledged_write(tmp_path: Path) 
         nursery.cancel_scope.cancel()
 
 
+def one_host(
+    root: Path, latency: float, settings: LeaseSettings | None = None
+) -> tuple[MemoryCluster, MemoryStore, StoreLink, LeaseKeeper, ClusterStorage]:
+    """A store of 2 partitions and the storage of one host over it, on trio's clock."""
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("h1", trio.current_time)
+    link = StoreLink(cluster, random.Random(1), latency=(latency, latency))
+    keeper = LeaseKeeper(store, settings or LeaseSettings(), trio.current_time)
+    return cluster, store, link, keeper, ClusterStorage(root, store, keeper, run_store=link.run)
+
+
 async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     """An actor closed (evicted) while a sync of it is in flight ships its last writes only
     after that sync ended, and not at all if it failed: batch 3 on top of a batch 2 that never
     landed would restore a broken file. And a store that holds such a hole is refused."""
-    cluster = MemoryCluster(2, clock=trio.current_time)
-    store = cluster.connect("h1", trio.current_time)
+    cluster, store, _, _, storage = one_host(tmp_path, 0.005)
     real_commit = store.commit
 
     def commit(writes: Any, alarms: Any = ()) -> None:
@@ -166,9 +176,6 @@ async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
         real_commit(writes, alarms)
 
     store.commit = commit  # type: ignore[method-assign]
-    link = StoreLink(cluster, random.Random(1), latency=(0.005, 0.005))
-    keeper = LeaseKeeper(store, LeaseSettings(), trio.current_time)
-    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
         await storage.ready("kv", "a")
@@ -211,11 +218,7 @@ async def test_a_sync_asked_for_after_a_close_ends_with_the_close_s_commit(
     simulator: the sync then read a closed log and failed, so its held replies were refused
     though the close shipped their writes): the sync waits for the commit of what the close
     shipped, and succeeds with it; after a close that could not ship, it fails (503)."""
-    cluster = MemoryCluster(2, clock=trio.current_time)
-    store = cluster.connect("h1", trio.current_time)
-    link = StoreLink(cluster, random.Random(1), latency=(0.005, 0.005))
-    keeper = LeaseKeeper(store, LeaseSettings(), trio.current_time)
-    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
+    cluster, store, _, keeper, storage = one_host(tmp_path, 0.005)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
         await storage.ready("kv", "a")
@@ -248,12 +251,8 @@ async def test_a_late_renewal_holds_a_sync_instead_of_failing_it(
     slow to answer): a sync asked for then waits for the next tick and goes on once the lease
     is renewed (no other host can have taken it: a renewal needs it live and unchanged). One
     that is still not renewed after a tick's interval fails (503)."""
-    cluster = MemoryCluster(2, clock=trio.current_time)
-    store = cluster.connect("h1", trio.current_time)
-    link = StoreLink(cluster, random.Random(1), latency=(0.001, 0.001))
     settings = LeaseSettings(ttl=3.0, margin=1.0)
-    keeper = LeaseKeeper(store, settings, trio.current_time)
-    storage = ClusterStorage(tmp_path, store, keeper, run_store=link.run)
+    cluster, _, link, keeper, storage = one_host(tmp_path, 0.001, settings)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
         await storage.ready("kv", "a")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from actorkeep.cluster.records import AlarmChange, Lease, Write
+from actorkeep.cluster.records import Lease
 
 from .observers import ObservedRouter, ObservedStore
 
@@ -16,25 +16,8 @@ class SkipsTheEpochCheck(ObservedStore):
     """A commit that does not compare the writes' epochs with the partitions' (fencing lost):
     a host whose lease moved still lands its writes."""
 
-    def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
-        rows = self.cluster.leases
-        stale = sorted(
-            {w.address for w in writes if rows[w.partition].epoch != w.epoch}
-            | {a.address for a in alarms if rows[a.partition].epoch != a.epoch}
-        )
-        frames = self.cluster.frames
-        for w in writes:
-            if w.seq in frames.get(w.address, {}):
-                raise ValueError(f"{w.address}: batch {w.seq} is already committed")
-        for w in writes:
-            frames.setdefault(w.address, {})[w.seq] = (w.partition, w.epoch, w.data)
-        for a in alarms:
-            if a.at is None:
-                self.cluster.alarms.pop(a.address, None)
-            else:
-                self.cluster.alarms[a.address] = (a.partition, float(a.at))
-        if stale:
-            self._accepted(stale)
+    def moved(self, epochs: dict[int, int]) -> list[int]:
+        return []
 
 
 class ServesWithoutMargin(ObservedStore):

@@ -166,7 +166,7 @@ class MemoryStore:
         ]:
             if epochs.setdefault(partition, epoch) != epoch:
                 raise ValueError(f"writes to partition {partition} under two epochs")
-        moved = [p for p, e in epochs.items() if self.cluster.leases[p].epoch != e]
+        moved = self.moved(epochs)
         if moved:
             raise Fenced(moved)
         frames = self.cluster.frames
@@ -180,6 +180,11 @@ class MemoryStore:
                 self.cluster.alarms.pop(a.address, None)
             else:
                 self.cluster.alarms[a.address] = (a.partition, float(a.at))
+
+    def moved(self, epochs: dict[int, int]) -> list[int]:
+        """The partitions of a commit (``partition: epoch`` of its writes) whose lease has a
+        newer epoch: the fencing check, as the statement's epoch join in PostgreSQL."""
+        return [p for p, e in epochs.items() if self.cluster.leases[p].epoch != e]
 
     def alarms_of(self, partitions: Sequence[int]) -> list[tuple[int, str, float]]:
         wanted = set(partitions)
