@@ -58,9 +58,11 @@ class Faults:
         self.buggify = False
 
 
-#: The fault kinds a run can have; ``--faults`` picks a subset. ``store``: on a cluster, the
-#: store's replies lost after the call took effect (a single host has no store).
-FAULT_KINDS = ("crash", "power", "fsync", "calls", "alarms", "buggify", "store")
+#: The fault kinds a run can have; ``--faults`` picks a subset. Two are a cluster's (a single
+#: host has neither): ``store``, the store's replies lost after the call took effect;
+#: ``drop``, packets dropped for good (connections between hosts reset, calls to the store
+#: lost before they reach it).
+FAULT_KINDS = ("crash", "power", "fsync", "calls", "alarms", "buggify", "store", "drop")
 
 
 def parse_faults(text: str) -> frozenset[str]:

@@ -83,6 +83,9 @@ IDLE_TIMEOUTS = (0.05, 1.0, 30.0)
 CLUSTER_HOSTS = (1, 5)
 #: The fraction of the store's replies lost after the call took effect, one drawn per run.
 STORE_REPLIES_LOST = (0.0, 0.0, 0.01, 0.05)
+#: The fraction of packets dropped for good (a connection between hosts reset at a chunk, a
+#: call to the store lost before it ran), one drawn per run.
+DROPS = (0.0, 0.0, 0.01, 0.05)
 
 
 def run_seed(
@@ -131,12 +134,14 @@ def run_seed(
         hosts = sub_rng(seed, "cluster").randint(*CLUSTER_HOSTS)
         lost = sub_rng(seed, "cluster-store").choice(STORE_REPLIES_LOST)
         lost = lost if "store" in faults else 0.0
+        drops = sub_rng(seed, "cluster-drop").choice(DROPS) if "drop" in faults else 0.0
         world = ClusterWorld(
             setup.app, seed, hosts=hosts, faults=draw.faults, host_options=host_options,
-            lost_replies=lost, **cluster_bug,
+            lost_replies=lost, drops=drops, **cluster_bug,
         )  # fmt: skip
         summary["hosts"] = hosts
         summary["store_replies_lost"] = lost
+        summary["drops"] = drops
     else:
         world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     world.history.note(f"scenario {summary}")

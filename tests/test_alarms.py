@@ -426,6 +426,59 @@ async def test_storage_failure_in_the_alarm_path_does_not_take_the_host_down(
         assert [a for a, *_ in fired] == ["timer/io", "timer/io"]  # the alarm stayed due
 
 
+async def test_an_alarm_event_refused_for_a_while_is_tried_again_soon(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal that says to come back (``Overloaded``: in a cluster, the store unreachable
+    for a moment) is tried again after 0.1 s, doubling up to its ``retry_after``, not after
+    the 2 s doubling to 5 minutes of a failing disk."""
+    refusals = 0
+    real_ready = FileStorage.ready
+
+    async def refusing_ready(self: FileStorage, class_name: str, name: str) -> None:
+        nonlocal refusals
+        if name == "busy" and refusals:
+            refusals -= 1
+            raise ak.Overloaded("the store is unreachable (simulated)", retry_after=1.0)
+        await real_ready(self, class_name, name)
+
+    monkeypatch.setattr(FileStorage, "ready", refusing_ready)
+    async with open_host(app, data_dir, idle_timeout=1.0) as host:
+        at = await rpc(host, "timer/busy", "set", delay=5)
+        refusals = 3  # the actor is out of memory by then: its alarm event opens it
+        await trio.sleep(10)
+    assert refusals == 0
+    [(_, when, *_)] = [f for f in fired if f[0] == "timer/busy"]
+    assert when - at == pytest.approx(0.1 + 0.2 + 0.4, abs=0.05)
+
+
+async def test_alarm_events_waiting_out_a_storage_failure_run_once_it_answers_again(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``retry()`` of the alarm index's ``watch`` (in a cluster: the store answered again)
+    ends the back-off of alarm events whose storage failed: they run at once."""
+    broken = False
+    real_ready = FileStorage.ready
+
+    async def failing_ready(self: FileStorage, class_name: str, name: str) -> None:
+        if name == "disk" and broken:
+            raise OSError(5, "Input/output error (simulated)")
+        await real_ready(self, class_name, name)
+
+    monkeypatch.setattr(FileStorage, "ready", failing_ready)
+    async with open_host(app, data_dir, idle_timeout=1.0) as host:
+        await rpc(host, "timer/disk", "set", delay=5)
+        broken = True
+        await trio.sleep(5 + 2 + 4 + 1)  # failed at 5 s, then 2 s and 4 s later: 8 s to go
+        assert [f for f in fired if f[0] == "timer/disk"] == []
+        broken = False
+        answered = host.host.clock.now()
+        host.host.alarms.retry_failed()
+        await trio.sleep(1)
+    [(_, when, *_)] = [f for f in fired if f[0] == "timer/disk"]
+    assert when == pytest.approx(answered, abs=0.01)
+
+
 @app.actor("opentx")
 class OpenTx(ak.Actor):
     async def setup(self) -> None:

@@ -296,3 +296,27 @@ async def test_a_late_renewal_holds_a_sync_instead_of_failing_it(
         finally:
             link.resume()
         nursery.cancel_scope.cancel()
+
+
+async def test_alarm_events_are_retried_once_the_store_answers_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """After renewals failed (the store unreachable), the first one that works tells the
+    alarm scheduler (``retry`` of the index's ``watch``), so that alarm events that failed on
+    the store meanwhile run at once instead of waiting out their back-off."""
+    settings = LeaseSettings(ttl=3.0, margin=1.0)
+    _, _, link, _, storage = one_host(tmp_path, 0.001, settings)
+    retried: list[float] = []
+    storage.alarms.watch(lambda at: None, lambda: retried.append(trio.current_time()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        await trio.sleep(settings.every * 3)
+        assert retried == []  # every renewal worked: nothing to retry
+        link.cut = True
+        await trio.sleep(5.0)
+        assert retried == []
+        link.cut = False
+        healed = trio.current_time()
+        await trio.sleep(settings.every * 3)
+        nursery.cancel_scope.cancel()
+    assert len(retried) == 1 and retried[0] - healed <= settings.every + link.timeout

@@ -42,6 +42,7 @@ class ClusterAlarmIndex:
         #: The epoch under which each partition's entries were loaded.
         self.loaded: dict[int, int] = {}
         self._poke: Callable[[float], None] = lambda at: None
+        self._retry: Callable[[], None] = lambda: None
         # partition: the addresses changed here while its entries were being read (``load``)
         self._loading: dict[int, set[str]] = {}
 
@@ -112,10 +113,16 @@ class ClusterAlarmIndex:
     async def sync(self) -> None:
         """Nothing to wait for: pending entries go with the next commit (see above)."""
 
-    def watch(self, poke: Callable[[float], None]) -> None:
+    def watch(self, poke: Callable[[float], None], retry: Callable[[], None]) -> None:
         self._poke = poke
+        self._retry = retry
 
     # -- what the cluster storage calls ---------------------------------------------------
+    def answered(self) -> None:
+        """The store answered again after failing: alarm events that failed on it meanwhile
+        are tried now."""
+        self._retry()
+
     def take(self) -> list[AlarmChange]:
         """The pending changes, for a commit."""
         changes = list(self.pending.values())

@@ -116,14 +116,19 @@ class ClusterStorage:
             await self.in_thread(self.keeper.tick)
             await self._follow_leases(nursery)
             task_status.started()
+            failing = False
             try:
                 while True:
                     await trio.sleep(self.keeper.settings.every)
                     try:
                         await self.in_thread(self.keeper.tick)
+                        if failing:
+                            failing = False
+                            self.alarms.answered()
                         await self._follow_leases(nursery)
                     except Exception as exc:  # the store unreachable: the leases run out by
                         # this host's clock, and it stops serving them; it tries again
+                        failing = True
                         log.warning("could not renew the cluster's leases", error=repr(exc))
                     finally:
                         ticked, self._ticked = self._ticked, trio.Event()

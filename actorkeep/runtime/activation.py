@@ -213,6 +213,9 @@ class Activation:
             # failed sync, closed without a sync): nothing leaves before a sync covers it.
             gate.write()
         self.sql = Sql(db.conn, gate)
+        # What the file holds decides, not what an earlier open of it held: a file restored
+        # from the cluster's store after a failed sync may lack the row (or hold another).
+        self.alarm = None
         if state is not None:
             host.alarms.opened(self, state)
         if not registered:

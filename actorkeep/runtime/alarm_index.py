@@ -39,9 +39,11 @@ class AlarmIndex(Protocol):
         """Make every write so far durable (or, for an index whose entries commit with the
         actor's next durable write in one transaction, at the latest with it)."""
 
-    def watch(self, poke: Callable[[float], None]) -> None:
+    def watch(self, poke: Callable[[float], None], retry: Callable[[], None]) -> None:
         """``poke(at)`` for entries that appear from elsewhere (in a cluster: the alarms of a
-        partition this host takes over), so that the scheduler wakes for them."""
+        partition this host takes over), so that the scheduler wakes for them; ``retry()``
+        when the storage answers again after failing (in a cluster: the store), so that alarm
+        events waiting out a storage failure are tried at once."""
 
 
 class LocalAlarmIndex:
@@ -104,5 +106,6 @@ class LocalAlarmIndex:
     async def sync(self) -> None:
         await self._host_db.sync()
 
-    def watch(self, poke: Callable[[float], None]) -> None:
-        """Nothing comes from elsewhere: every entry is put by this host's scheduler."""
+    def watch(self, poke: Callable[[float], None], retry: Callable[[], None]) -> None:
+        """Nothing comes from elsewhere: every entry is put by this host's scheduler, and a
+        failing disk gives no sign that it works again (the retries back off instead)."""

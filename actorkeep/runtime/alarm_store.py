@@ -21,9 +21,21 @@ def retry_delay(retry_count: int) -> float:
     return FIRST_RETRY_DELAY * 2.0**retry_count
 
 
+#: An alarm event refused for a while (``Overloaded``: in a cluster, the store unreachable or
+#: the actor not served here yet; ``OutcomeUnknown``: a commit's answer lost) is tried again
+#: after 0.1 s, doubling up to the refusal's ``retry_after``.
+FIRST_TRANSIENT_RETRY_DELAY = 0.1
+
+
 def storage_retry_delay(failures: int) -> float:
     """Delay after the ``failures``-th failure in a row of an alarm event outside its handler."""
     return min(MAX_STORAGE_RETRY_DELAY, FIRST_RETRY_DELAY * 2.0 ** min(failures - 1, 16))
+
+
+def transient_retry_delay(failures: int, retry_after: float) -> float:
+    """Delay after the ``failures``-th refusal in a row of an alarm event outside its handler,
+    the refusal asking to come back after ``retry_after`` seconds."""
+    return min(retry_after, FIRST_TRANSIENT_RETRY_DELAY * 2.0 ** min(failures - 1, 16))
 
 
 @dataclass(frozen=True, slots=True)

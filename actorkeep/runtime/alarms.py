@@ -31,6 +31,7 @@ import structlog
 import trio
 
 from ..actor import Actor, AlarmInfo
+from ..errors import OutcomeUnknown, Overloaded
 from .activation import Activation
 from .alarm_index import DUE_BATCH, AlarmIndex, LocalAlarmIndex
 from .alarm_store import (
@@ -39,6 +40,7 @@ from .alarm_store import (
     AlarmState,
     retry_delay,
     storage_retry_delay,
+    transient_retry_delay,
     write_alarm_row,
 )
 from .clock import Clock
@@ -96,7 +98,8 @@ class AlarmScheduler:
         self._failures: dict[str, int] = {}  # address -> failures in a row, outside the handler
         self._poked = math.inf  # the earliest time poked since the last scan
         self._scope: trio.CancelScope | None = None
-        index.watch(self.poke)
+        self._answered = trio.Event()  # set (and replaced) when failed storage answers again
+        index.watch(self.poke, self.retry_failed)
 
     # -- waking up -------------------------------------------------------------------------
     def poke(self, at: float) -> None:
@@ -107,6 +110,12 @@ class AlarmScheduler:
             deadline = self.clock.trio_time(at)
             if deadline < scope.deadline:
                 scope.deadline = deadline
+
+    def retry_failed(self) -> None:
+        """The storage answers again after failing: alarm events cooling down after a
+        failure outside their handler are tried now."""
+        answered, self._answered = self._answered, trio.Event()
+        answered.set()
 
     def horizon(self) -> float:
         """Alarms set for this time or earlier are due (a seam for the planted early-alarm bug
@@ -398,28 +407,35 @@ class AlarmScheduler:
 
     def _storage_failed(self, act: Activation, exc: Exception) -> None:
         """The event failed outside its handler (storage): roll back, and try again later,
-        backing off; one log line per try, the traceback with the first."""
+        backing off (or sooner, once the storage answers again); one log line per try, the
+        traceback with the first. A refusal for a while (``Overloaded``, ``OutcomeUnknown``)
+        backs off from 0.1 s up to the refusal's ``retry_after``, as a warning."""
         address = act.address
         failures = self._failures.get(address, 0) + 1
         self._failures[address] = failures
-        delay = storage_retry_delay(failures)
+        if isinstance(exc, Overloaded | OutcomeUnknown):
+            transient, delay = True, transient_retry_delay(failures, exc.retry_after)
+        else:
+            transient, delay = False, storage_retry_delay(failures)
         # The storage that failed may fail the rollback too; the next try starts afresh.
         with contextlib.suppress(Exception):
             act.rollback()
         act.discard_instance()
-        log.error(
+        (log.warning if transient else log.error)(
             "alarm event failed before its handler ran; trying again later",
             address=address,
             error=repr(exc),
             failures=failures,
             retry_in=delay,
             **({"file": act.where} if act.where is not None else {}),
-            exc_info=exc if failures == 1 else None,
+            exc_info=exc if failures == 1 and not transient else None,
         )
         self._spawn(self._cooldown, address, delay)
 
     async def _cooldown(self, address: str, delay: float) -> None:
-        await trio.sleep(delay)
+        answered = self._answered
+        with trio.move_on_after(delay):
+            await answered.wait()
         self.running.discard(address)
         self.poke(self.clock.now())
 

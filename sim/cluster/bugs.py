@@ -1,6 +1,6 @@
 """Planted cluster bugs the checkers must catch (``python -m sim --cluster --bug NAME``, any
-scenario): a store that forgets to fence or hands out leases without the margin, and a router
-that serves from what it has open."""
+scenario): a store that forgets to fence, takes a lease over before it expired or hands out
+leases without the margin, and a router that serves from what it has open."""
 
 from __future__ import annotations
 
@@ -18,6 +18,37 @@ class SkipsTheEpochCheck(ObservedStore):
 
     def moved(self, epochs: dict[int, int]) -> list[int]:
         return []
+
+
+class TakesOverEarly(ObservedStore):
+    """A store that counts a host, and its leases, as gone once half the TTL passed without a
+    word from it (an expiry test written against the renewal interval): a live owner that
+    missed a renewal or two loses its partitions while its own clock still says it holds
+    them."""
+
+    _ttl = 0.0
+
+    def _gone(self, expires_at: float | None) -> bool:
+        return expires_at is None or expires_at - self._ttl / 2 <= self.cluster.clock()
+
+    def heartbeat(self, ttl: float, address: str | None = None) -> int:
+        self._ttl = ttl
+        super().heartbeat(ttl, address)
+        now = self.cluster.clock()
+        return sum(1 for seen, _ in self.cluster.hosts.values() if seen > now - ttl / 2)
+
+    def free_partitions(self, limit: int) -> list[int]:
+        rows = self.cluster.leases
+        early = [
+            p for p, row in rows.items() if row.owner is not None and self._gone(row.expires_at)
+        ]
+        return (early + [p for p in super().free_partitions(limit) if p not in early])[:limit]
+
+    def acquire(self, partition: int, ttl: float, margin: float) -> Lease | None:
+        row = self.cluster.leases[partition]
+        if self._gone(row.expires_at):
+            row.expires_at = self.cluster.clock()  # taken as expired
+        return super().acquire(partition, ttl, margin)
 
 
 class ServesWithoutMargin(ObservedStore):
@@ -59,6 +90,7 @@ class TrustsWhatItHasOpen(ObservedRouter):
 #: name -> the store's or the router's class with the bug.
 CLUSTER_BUGS: dict[str, type[ObservedStore] | type[ObservedRouter]] = {
     "skips-epoch-check": SkipsTheEpochCheck,
+    "early-takeover": TakesOverEarly,
     "no-margin": ServesWithoutMargin,
     "trusts-open-actor": TrustsWhatItHasOpen,
 }

@@ -7,6 +7,11 @@ TCP retransmits it, and arrives once the link heals (``heal``), unless the conne
 closed meanwhile. Connecting across a cut link waits for the heal (the dialer's own timeout
 ends the wait); connecting to an address nobody listens on is refused at once.
 
+A fraction ``drop`` of the chunks sent are dropped for good, as when TCP gives up on a
+connection whose segments keep being lost (or a middlebox forgets it): the connection is
+reset, what either side had in flight is lost, and both ends see it end (a read returns the
+end, a send fails). Shorter losses are only delay, which TCP's retransmissions turn them into.
+
 A paused host (``hold``, as SIGSTOP) sends and receives nothing until ``release``: what was
 sent to it, and what it sent, arrives then. A dead host (``down``, as kill -9) sends nothing
 more; its connections end for the others, and a send to it fails.
@@ -36,6 +41,7 @@ class _Direction:
     last_at: float = 0.0
     sent: trio.Event = field(default_factory=trio.Event)
     landed: trio.Event = field(default_factory=trio.Event)
+    peer: _Direction | None = None  # the other direction of the same connection
 
 
 class SimStream(trio.abc.Stream):
@@ -87,9 +93,19 @@ class SimStream(trio.abc.Stream):
 class SimNetwork:
     """The simulated network; ``run`` it in a nursery before anything connects."""
 
-    def __init__(self, rng: random.Random, latency: tuple[float, float] = (0.0001, 0.001)) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        latency: tuple[float, float] = (0.0001, 0.001),
+        drop: float = 0.0,
+        drops: random.Random | None = None,
+        on_reset: Callable[[str, str], object] | None = None,
+    ) -> None:
         self.rng = rng
         self.latency = latency
+        self.drop = drop
+        self._drops = drops or random.Random(rng.random())
+        self._on_reset = on_reset  # told (sender, receiver) of each reset
         self._listeners: dict[str, Handler] = {}
         self._cut: set[tuple[str, str]] = set()
         self._held: set[str] = set()
@@ -174,6 +190,7 @@ class SimNetwork:
             if handler is None or self._nursery is None or host in self._dead:
                 raise ConnectionRefusedError(f"nobody listens on {address}")
             there, back = _Direction(host, peer_host), _Direction(peer_host, host)
+            there.peer, back.peer = back, there
             self._directions += (there, back)
             mine, theirs = SimStream(self, there, back), SimStream(self, back, there)
             for direction in (there, back):
@@ -189,10 +206,26 @@ class SimNetwork:
     def send(self, direction: _Direction, data: bytes | None) -> None:
         if direction.src in self._dead:
             return  # a dead host's late sends go nowhere
+        if data is not None and self.drop and self._drops.random() < self.drop:
+            self._reset(direction)
+            return
         at = max(trio.current_time() + self._delay(), direction.last_at)
         direction.last_at = at
         direction.in_flight.append((at, data))
         direction.sent.set()
+
+    def _reset(self, direction: _Direction) -> None:
+        """The connection of ``direction`` is reset: both ways lose what is in flight and end."""
+        if self._on_reset is not None:
+            self._on_reset(direction.src, direction.dst)
+        now = trio.current_time()
+        for d in (direction, direction.peer):
+            if d is None or d.eof:
+                continue
+            d.in_flight.clear()
+            d.in_flight.append((now, None))
+            d.last_at = now
+            d.sent.set()
 
     async def _deliver(self, direction: _Direction) -> None:
         """Move one direction's chunks to the other end, each at its time, in order."""

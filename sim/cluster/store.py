@@ -46,6 +46,10 @@ class ReplyLost(StoreError):
     """The call ran, and what it wrote is committed, but its reply was lost."""
 
 
+class RequestLost(StoreError):
+    """The connection dropped before the call reached the store: it did not run."""
+
+
 @dataclass
 class _LeaseRow:
     owner: str | None = None
@@ -231,7 +235,9 @@ class StoreLink:
     Each call waits a delay drawn from ``latency`` (seconds, uniform) before it reaches the
     store and again before its reply does; while the store fails over, a call raises
     ``StoreUnreachable`` and does not run; a fraction ``lost_replies`` of the calls that ran
-    raise ``ReplyLost`` instead of answering. Every draw comes from ``rng``.
+    raise ``ReplyLost`` instead of answering, and a fraction ``lost_requests`` of the calls
+    raise ``RequestLost`` without running (the host cannot tell the two apart). Every draw
+    comes from ``rng``.
 
     The host's side of the link: ``cut`` (the host cannot reach the store: each call fails
     after ``timeout``, without running), ``pause`` (the host is stopped: a call neither leaves
@@ -243,6 +249,7 @@ class StoreLink:
     rng: random.Random
     latency: tuple[float, float] = (0.0002, 0.002)
     lost_replies: float = 0.0
+    lost_requests: float = 0.0
     timeout: float = 1.0
     calls: int = 0
     lost: int = 0
@@ -279,6 +286,9 @@ class StoreLink:
         await self._unpaused()
         if self.cluster.clock() < self.cluster.down_until:
             raise StoreUnreachable("the cluster's store is failing over")
+        if self.lost_requests and self.rng.random() < self.lost_requests:
+            self.lost += 1
+            raise RequestLost("the connection to the store dropped; the call did not run")
         result = fn()
         lose = self.rng.random() < self.lost_replies
         await trio.sleep(self.rng.uniform(*self.latency))

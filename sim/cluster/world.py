@@ -123,6 +123,7 @@ class ClusterWorld(World):
         lease: LeaseSettings = SIM_LEASE,
         partitions: int = SIM_PARTITIONS,
         lost_replies: float = 0.0,
+        drops: float = 0.0,
         router_class: type[ObservedRouter] | None = None,
         store_class: type[ObservedStore] | None = None,
     ) -> None:
@@ -137,10 +138,16 @@ class ClusterWorld(World):
         self.machines = hosts
         self.lease = lease
         self.lost_replies = lost_replies
+        self.drops = drops
         self.cluster = MemoryCluster(
             partitions, clock=trio.current_time, secret=self.rng("secret").randbytes(32)
         )
-        self.net = SimNetwork(self.rng("network"))
+        self.net = SimNetwork(
+            self.rng("network"),
+            drop=drops,
+            drops=self.rng("network-drop"),
+            on_reset=lambda a, b: self.history.fault("reset", self.now(), between=[a, b]),
+        )
         self.live: dict[int, ClusterIncarnation] = {}  # by machine
         self._all: list[ClusterIncarnation] = []
         self.replies = 0  # replies checked against the store
@@ -201,7 +208,12 @@ class ClusterWorld(World):
         store.world = self
         keeper = ObservedKeeper(store, self.lease, clock, world=self, number=n)
         keeper.address = f"{name}:{INTERNAL_PORT}"
-        link = StoreLink(self.cluster, self.rng(f"store-link/{n}"), lost_replies=self.lost_replies)
+        link = StoreLink(
+            self.cluster,
+            self.rng(f"store-link/{n}"),
+            lost_replies=self.lost_replies,
+            lost_requests=self.drops,
+        )
         storage = ObservedStorage(
             self._root / name,
             store,
@@ -449,11 +461,12 @@ class ClusterWorld(World):
         """No more faults: links heal, paused hosts resume, the store answers."""
         super().heal()
         self._healed = True
-        self.lost_replies = 0.0
+        self.lost_replies = self.drops = 0.0
+        self.net.drop = 0.0
         self.net.heal()
         for inc in self.live.values():
             inc.link.cut = False
-            inc.link.lost_replies = 0.0
+            inc.link.lost_replies = inc.link.lost_requests = 0.0
             self._resume(inc)
         self.back("healed")
 

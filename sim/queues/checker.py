@@ -4,7 +4,9 @@
 It reads the ``queue.*`` operations of a history (sends, leases, acks, retries, settles,
 extends, gets, stats, dead letters; see sim/queues/workload.py for their args and results) and
 the push consumer's ``queue.deliver`` observations. A body is unique to one send, so a body
-seen names its send. The invariants:
+seen names its send. A delivery begins when the queue handed its lease out (the queue's
+``queue.leased`` observation of the same name) and ends when the consumer reports it. The
+invariants:
 
 - ``no-phantom``: every message seen (leased, delivered, read, dead-lettered) was sent by a
   send that had begun, under the id that send was given if it was acknowledged; an id always
@@ -65,7 +67,7 @@ class Seen:
     state: str = ""  # a read's
 
     def where(self) -> str:
-        return f"#{self.op.id}" if self.op is not None else f"delivery at entry {self.start:.0f}"
+        return f"#{self.op.id}" if self.op is not None else f"delivery at entry {self.end:.0f}"
 
 
 @dataclass(slots=True)
@@ -138,10 +140,16 @@ class QueueChecker:
         for op in self.ops:
             if op.status in ("ok", "unknown"):
                 self._read(op)
+        leased: dict[tuple[str, int, int], int] = {}  # (queue, id, attempt): latest lease
         for f in self.history.observations:
-            if f.kind == "queue.deliver":
-                d = f.detail
-                s = Seen("deliver", d["queue"], d["id"], d["body"], d["attempt"], f.index, f.index)
+            d = f.detail
+            if f.kind == "queue.leased":
+                leased[(d["queue"], d["id"], d["attempt"])] = f.index
+            elif f.kind == "queue.deliver":
+                # Begun when its lease was handed out: between hosts, the push call may be held
+                # up on its way (a cut link) and arrive after later ones.
+                start = leased.get((d["queue"], d["id"], d["attempt"]), f.index)
+                s = Seen("deliver", d["queue"], d["id"], d["body"], d["attempt"], start, f.index)
                 s.outcome = d["outcome"]
                 self.seen[(s.queue, s.id)].append(s)
 

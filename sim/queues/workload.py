@@ -5,8 +5,10 @@ ack, retry, extend and settle (and sometimes forget a lease, ack late, or replay
 and ``queue/push``, configured with ``consumer=``, whose alarm pushes batches to the actor
 ``sim-queue-consumer/c``. The consumer reports every delivery to the world
 (``History.observe("queue.deliver", ...)``) and acks, raises or returns ``RetryLater`` at
-random. Every body is unique (``<process>.<n>`` or ``<process>.<n>.<k>``), so a body seen names
-its send. Client actors (``sim-queue-client/<process>``) run one queue operation per call and
+random; the queues report every lease they hand out (``queue.leased``), so that a delivery
+held up on its way (a cut link between hosts) is known to have begun when it was leased.
+Every body is unique (``<process>.<n>`` or ``<process>.<n>.<k>``), so a body seen names its
+send. Client actors (``sim-queue-client/<process>``) run one queue operation per call and
 return plain outcomes: a refused call (``Overloaded``) is a definite failure, a lost reply
 (``CallTimeout``) is unknown.
 
@@ -164,10 +166,27 @@ class PushConsumer(ak.Actor):
         return None
 
 
+class ObservedLeases(queues.Queue):
+    """Mixed into the queue class: reports each lease it hands out, with the world's time."""
+
+    def lease(self, now: float, n: int, visibility: float, durable: bool = False) -> list[Lease]:
+        leases = super().lease(now, n, visibility, durable)
+        recorder: PushRecorder = self.options["recorder"]
+        world = recorder.world
+        inc = None if world is None else world.current
+        if world is not None and inc is not None and inc.alive:
+            for x in leases:
+                world.history.observe(
+                    "queue.leased", world.now(), queue=self.address, id=x.id, attempt=x.attempt
+                )
+        return leases
+
+
 def make_app(recorder: PushRecorder, queue_cls: type[queues.Queue] = queues.Queue) -> ak.App:
-    """The queues (internal), the client actors and the push consumer."""
+    """The queues (internal, reporting their leases), the client actors and the consumer."""
     app = ak.App()
-    app.mount(queue_cls, QUEUE_CLASS, access="internal")
+    observed = type(queue_cls.__name__, (ObservedLeases, queue_cls), {})
+    app.mount(observed, QUEUE_CLASS, access="internal", recorder=recorder)
     app.mount(QueueClientActor, CLIENT_CLASS)
     app.mount(PushConsumer, CONSUMER_CLASS, recorder=recorder)
     return app
