@@ -32,7 +32,7 @@ lint: $(VENV)/.test-deps
 
 test: $(VENV)/.test-deps lint
 	$(BIN)/python -m sim --seeds 200 --check-determinism
-	$(BIN)/python -m sim --cluster --scenario kv --seeds 100 --check-determinism
+	$(BIN)/python -m sim --cluster --seeds 100 --check-determinism
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test-deps

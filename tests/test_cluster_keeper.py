@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from actorkeep.cluster import ClusterStore, LeaseKeeper, LeaseSettings, create
+from actorkeep.cluster.keeper import HANDOVER_LIMIT
 from actorkeep.cluster.records import Store
 from sim.cluster.store import MemoryCluster
 
@@ -86,12 +87,58 @@ def test_a_host_that_joins_gets_its_share_from_the_others(stores: Stores) -> Non
     a.tick()
     b.tick()  # alive now, but every partition is a's
     assert b.held == {}
-    a.tick()  # two live hosts: a gives up what is above its share...
-    assert len(a.held) == PARTITIONS // 2
-    b.tick()  # ...and b takes it
-    assert len(b.held) == PARTITIONS // 2
+    a.tick()  # two live hosts: a hands over what is above its share...
+    leaving = a.leaving
+    assert len(leaving) == PARTITIONS // 2 and len(a.held) == PARTITIONS
+    assert all(a.accepts(p) is None and a.lease_for(p) is not None for p in leaving)
+    a.tick()  # ...held until the host is done with them (work in flight finishes)...
+    assert a.leaving == leaving and len(a.held) == PARTITIONS
+    a.handed(leaving)
+    a.tick()  # ...then released...
+    assert len(a.held) == PARTITIONS // 2 and a.leaving == frozenset()
+    b.tick()  # ...and b takes them
+    assert sorted(b.held) == sorted(leaving)
     assert set(a.held).isdisjoint(b.held)
     assert all(lease.epoch == 2 for lease in b.held.values())  # each taken over once
+
+
+def test_a_partition_handed_over_is_released_after_the_limit_all_the_same(
+    stores: Stores,
+) -> None:
+    stores.make(PARTITIONS)
+    clock = Clock()
+    a, b = stores.keeper("a", clock), stores.keeper("b")
+    a.tick()
+    b.tick()
+    a.tick()
+    assert len(a.leaving) == PARTITIONS // 2
+    leaving = a.leaving
+    busy = min(leaving)
+    a.working(busy, +1)  # an event that never ends
+    a.handed(leaving - {busy})  # the host is done with the others
+    a.tick()
+    assert sorted(a.held) == sorted(set(range(PARTITIONS)) - leaving | {busy})
+    ticks = 0
+    while busy in a.held and ticks < 20:
+        stores.wait(SETTINGS.every)
+        clock.now += SETTINGS.every
+        a.tick()
+        b.tick()
+        ticks += 1
+    assert ticks == round(HANDOVER_LIMIT * 3)  # every ``ttl / 3``: the limit, in ticks
+    assert len(a.held) == PARTITIONS // 2
+
+
+def test_a_partition_handed_over_stays_if_the_share_grows_back(stores: Stores) -> None:
+    stores.make(PARTITIONS)
+    a, b = stores.keeper("a"), stores.keeper("b")
+    a.tick()
+    b.tick()
+    a.tick()
+    assert len(a.leaving) == PARTITIONS // 2
+    b.release_all()  # b leaves before taking anything
+    a.tick()
+    assert a.leaving == frozenset() and len(a.held) == PARTITIONS
 
 
 def test_the_partitions_of_a_host_that_dies_are_taken_once_its_leases_expire(

@@ -174,7 +174,7 @@ def test_an_unanswered_change_after_the_last_set_waives_at_least_once() -> None:
 
 # -- --faults -------------------------------------------------------------------------------
 def test_faults_can_be_narrowed_without_changing_the_run_shape() -> None:
-    assert parse_faults("all") == parse_faults("crash,power,fsync,calls,alarms,buggify,store")
+    assert parse_faults("all") == parse_faults("crash,power,fsync,calls,alarms,buggify,store,drop")
     assert parse_faults("none") == frozenset()
     with pytest.raises(ValueError, match="unknown fault kinds"):
         parse_faults("crash,meteor")

@@ -16,6 +16,7 @@ from actorkeep.cluster.partitions import partition_of
 from sim.cluster import ClusterWorld, check_single_owner
 from sim.cluster.bugs import (
     ServesWithoutMargin,
+    TakesOverEarly,
     TrustsWhatItHasOpen,
 )
 from sim.cluster.observers import ObservedRouter, ObservedStore
@@ -98,13 +99,19 @@ def test_the_seeds_that_found_cluster_bugs_pass(scenario: str, seed: int, what: 
             "a push delivery held up in a cut link arrived after the next attempt's: the "
             "checker took it for the message's last lease",
         ),
+        (
+            "queues",
+            410,
+            "the push queue's alarm, moved while its host's renewal was late, was dropped "
+            "from the index and its due entry never woke the scheduler: it never drained",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_with_lost_store_replies_pass(
     scenario: str, seed: int, what: str
 ) -> None:
-    """With every fault, the store's lost replies included; each seed fails without its fix
-    (``what``; checked by undoing each)."""
+    """With every fault, the store's lost replies and dropped packets included; each seed
+    fails without its fix (``what``; checked by undoing each)."""
     result = run_seed(SCENARIOS[scenario], seed, cluster=True)
     assert result.ok, (what, [str(v) for v in result.violations])
 
@@ -133,6 +140,58 @@ class Relay(ak.Actor):
     async def later(self, seconds: float) -> int:
         await trio.sleep(seconds)
         return int(await self.actors.ref("counter/b").incr())
+
+
+@app.actor("notes")
+class Notes(ak.Actor):
+    async def setup(self) -> None:
+        self.sql.exec("CREATE TABLE IF NOT EXISTS n (v INTEGER)")
+
+    @ak.rpc
+    async def note(self, seconds: float = 0.0) -> int:
+        await trio.sleep(seconds)
+        self.sql.exec("INSERT INTO n VALUES (1)")  # a plain write
+        return int(self.sql.exec("SELECT count(*) FROM n").fetchone()[0])
+
+
+def test_a_host_that_joins_takes_its_share_without_losing_work_in_flight_or_plain_writes() -> None:
+    """Partitions handed over to a host that joins stop taking new events, finish what runs
+    (a slow event answers, it is not cut off by the release), ship their open actors' plain
+    writes, and only then go: the new owner restores every plain write."""
+    names = [f"notes/n{i}" for i in range(32)]
+    world = ClusterWorld(app, seed=3, hosts=2, host_options={"idle_timeout": 3600.0})
+    answers: list[object] = []
+
+    async def main(w: Any) -> None:
+        assert isinstance(w, ClusterWorld)
+        await w.stop_host(1)
+        await trio.sleep(2 * w.lease.ttl)  # machine 0 holds every partition
+        assert {r.owner for r in w.cluster.leases.values()} == {w.live[0].name}
+        for name in names:
+            assert await w.rpc_via(0, name, "note") == 1  # in memory, not shipped yet
+
+        async def slow(name: str) -> None:
+            try:
+                answers.append(await w.rpc_via(0, name, "note", seconds=1.0))
+            except ak.ActorkeepError as exc:
+                answers.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(slow, name)
+            await trio.sleep(0.1)
+            await w.start_host(1)  # the share halves while the slow events run
+        await trio.sleep(3 * w.lease.ttl)
+        owners = [r.owner for r in w.cluster.leases.values()]
+        assert sorted(owners.count(inc.name) for inc in w.live.values()) == [8, 8]
+        moved = [n for n in names if w.cluster.leases[partition_of(n, 16)].owner != w.live[0].name]
+        assert moved
+        for name in names:  # the two plain writes of each, wherever it is now
+            assert await w.rpc_via(1, name, "note") == 3, name
+
+    world.run(main)
+    assert answers == [2] * len(names), answers
+    assert check_single_owner(world.history) == []
 
 
 def test_no_call_leaves_an_actor_whose_host_lost_its_lease_meanwhile() -> None:
@@ -227,6 +286,18 @@ def test_the_single_owner_check_catches_a_host_serving_without_its_margin() -> N
     found = check_single_owner(store_cut_run(ServesWithoutMargin, 2).history)
     assert found and found[0].invariant == "single-owner", found
     assert "(expired)" in found[0].message and "its own clock agreed" in found[0].message
+
+
+def test_the_single_owner_check_catches_a_takeover_before_the_lease_expired() -> None:
+    """The cut-off owner's lease is still live in the store and by its own clock when the
+    planted store lets the other host take it over: the owner's replies are stale."""
+    assert check_single_owner(store_cut_run(ObservedStore, 2).history) == []
+    found = check_single_owner(store_cut_run(TakesOverEarly, 2).history)
+    assert found and found[0].invariant == "single-owner", found
+    assert "(expired)" not in found[0].message and "its own clock agreed" in found[0].message
+    # And in the KV scenario, by its seed:
+    result = run_seed(SCENARIOS["kv"], 3, bug="early-takeover", cluster=True)
+    assert any(v.invariant == "single-owner" for v in result.violations), result.violations
 
 
 def test_the_fencing_check_catches_a_store_that_skips_the_epoch_check() -> None:

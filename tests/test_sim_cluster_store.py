@@ -21,6 +21,7 @@ import shards
 from actorkeep.cluster import LeaseKeeper, LeaseSettings
 from actorkeep.cluster.backend import ClusterStorage, NotServedHere
 from actorkeep.cluster.frames import LogFormatError
+from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.records import StoreError, Write
 from actorkeep.cluster.replica import held
 from actorkeep.testing import open_host
@@ -320,3 +321,43 @@ async def test_alarm_events_are_retried_once_the_store_answers_again(
         await trio.sleep(settings.every * 3)
         nursery.cancel_scope.cancel()
     assert len(retried) == 1 and retried[0] - healed <= settings.every + link.timeout
+
+
+async def test_alarms_of_a_lease_whose_renewal_is_late_are_kept_and_fire_once_renewed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """While the lease has lapsed by the host's clock with its renewal late (found by the
+    cluster simulator: a push queue that never drained), an alarm change is still recorded
+    (its commit waits for the renewal and takes it along), and the due entries the scans pass
+    over wake the scheduler once the renewal comes."""
+    settings = LeaseSettings(ttl=3.0, margin=1.0)
+    _, _, link, keeper, storage = one_host(tmp_path, 0.001, settings)
+    index = storage.alarms
+    pokes: list[float] = []
+    poked = trio.Event()
+
+    def poke(at: float) -> None:
+        pokes.append(at)
+        poked.set()
+
+    index.watch(poke, lambda: None)
+    address = next(f"q/{i}" for i in range(100) if partition_of(f"q/{i}", 2) == 0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        index.put(address, 5.0)
+        link.pause()  # the next renewals hang
+        try:
+            await trio.sleep(keeper.held[0].until - trio.current_time() + 0.1)
+            assert keeper.lapsed(0)
+            index.put(address, 1.0)  # the actor's event moves its alarm earlier meanwhile
+            assert index.get(address) == 1.0 and index.pending[address].at == 1.0
+            assert index.due(100.0, None, 10) == []  # passed over: not served by this clock
+            pokes.clear()
+            poked = trio.Event()
+        finally:
+            link.resume()
+        with trio.fail_after(settings.every + 1):
+            await poked.wait()
+        assert pokes == [1.0]
+        assert index.due(100.0, None, 10) == [(address, 1.0)]
+        nursery.cancel_scope.cancel()

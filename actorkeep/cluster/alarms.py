@@ -45,6 +45,10 @@ class ClusterAlarmIndex:
         self._retry: Callable[[], None] = lambda: None
         # partition: the addresses changed here while its entries were being read (``load``)
         self._loading: dict[int, set[str]] = {}
+        # Partitions whose due entries a scan passed over (the lease lapsed by this host's
+        # clock, or the partition being handed over): the scheduler is woken for them if a
+        # tick gives them back (``ticked``).
+        self._skipped: set[int] = set()
 
     # -- the runtime's seam ---------------------------------------------------------------
     def put(self, address: str, at: float) -> None:
@@ -55,7 +59,9 @@ class ClusterAlarmIndex:
 
     def _change(self, address: str, at: float | None) -> None:
         partition = partition_of(address, self._partitions)
-        lease = self._keeper.lease_for(partition)
+        # Held at the last tick, even if it lapsed by this host's clock since: a commit then
+        # waits for the renewal (ClusterStorage.until_renewed), and the change must go with it.
+        lease = self._keeper.last(partition)
         if lease is None:
             return  # not this host's to change: the owner keeps the entry
         if at is None:
@@ -78,10 +84,10 @@ class ClusterAlarmIndex:
     def due(
         self, now: float, after: tuple[float, str] | None, limit: int
     ) -> list[tuple[str, float]]:
-        """Due entries of the partitions held by this host's clock (a partition whose lease
-        ran out waits for the next tick to drop it, or renew it)."""
+        """Due entries of the partitions held by this host's clock and not being handed over
+        (a partition whose lease ran out waits for the next tick to drop it, or renew it)."""
         found: list[tuple[str, float]] = []
-        lease_for = self._keeper.lease_for
+        lease_for = self._keeper.accepts
         while True:
             if after is None:
                 rows = self._db.execute(
@@ -96,10 +102,12 @@ class ClusterAlarmIndex:
                     (now, after[0], after[1], limit),
                 ).fetchall()
             for address, at, partition in rows:
-                if lease_for(partition) is not None:
-                    found.append((address, at))
-                    if len(found) == limit:
-                        return found
+                if lease_for(partition) is None:
+                    self._skipped.add(partition)
+                    continue
+                found.append((address, at))
+                if len(found) == limit:
+                    return found
             if len(rows) < limit:
                 return found
             after = (rows[-1][1], rows[-1][0])
@@ -165,6 +173,22 @@ class ClusterAlarmIndex:
         self.loaded[partition] = epoch
         if earliest < math.inf:
             self._poke(earliest)
+
+    def ticked(self) -> None:
+        """After a tick: wake the scheduler for the due entries of partitions a scan passed
+        over that this host serves again (its renewal came late, or a hand-over was called
+        off); forget those it no longer holds."""
+        keeper = self._keeper
+        back = {p for p in self._skipped if keeper.accepts(p) is not None}
+        self._skipped = {p for p in self._skipped - back if keeper.last(p) is not None}
+        if not back:
+            return
+        marks = ",".join("?" * len(back))
+        (earliest,) = self._db.execute(
+            f"SELECT min(at) FROM alarms WHERE partition IN ({marks})", sorted(back)
+        ).fetchone()
+        if earliest is not None:
+            self._poke(float(earliest))
 
     def drop(self, partition: int) -> None:
         """A partition this host no longer holds: its entries leave the mirror. Its pending

@@ -121,6 +121,7 @@ class ClusterStorage:
                 while True:
                     await trio.sleep(self.keeper.settings.every)
                     try:
+                        await self._hand_over()
                         await self.in_thread(self.keeper.tick)
                         if failing:
                             failing = False
@@ -142,6 +143,20 @@ class ClusterStorage:
                         log.warning("could not hand the partitions over", error=repr(exc))
                     self._syncer.close()
                     self.store.close()
+
+    async def _hand_over(self) -> None:
+        """Before a tick: the partitions being handed over that have no work in flight are
+        done with once their open actors' writes are in the store (plain writes included, as
+        a closing database ships them); the tick releases them."""
+        keeper = self.keeper
+        idle = {p for p in keeper.leaving if keeper.idle(p)}
+        for db in [db for db in self._open.values() if db.partition in idle]:
+            try:
+                await db.sync()
+            except Exception as exc:  # its plain writes are lost, as in a failover
+                log.info("could not ship an actor handed over", address=db.address,
+                         error=repr(exc))  # fmt: skip
+        keeper.handed(frozenset(p for p in idle if p in keeper.leaving and keeper.idle(p)))
 
     async def until_renewed(self, partition: int) -> None:
         """If the lease of ``partition`` lapsed by this host's clock with its renewal late,
@@ -271,6 +286,7 @@ class ClusterStorage:
                 lease = self.keeper.lease_for(partition)
                 if lease is not None and lease.epoch == epoch:
                     index.load(partition, epoch, entries[partition])
+        index.ticked()
         if index.pending:
             nursery.start_soon(self._commit_alarms)
 
@@ -287,6 +303,7 @@ class ClusterStorage:
         self._restored.pop(address, None)
 
     def syncing(self, address: str, delta: int) -> None:
+        self.keeper.working(partition_of(address, self.store.partitions), delta)
         n = self._syncs.get(address, 0) + delta
         if n:
             self._syncs[address] = n

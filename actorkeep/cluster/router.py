@@ -25,6 +25,7 @@ from .backend import ClusterStorage
 from .database import NotServedHere
 from .partitions import partition_of
 from .peers import Elsewhere, Peers, Unreachable
+from .records import Lease
 
 T = TypeVar("T")
 
@@ -68,7 +69,9 @@ class ClusterRouter:
         return partition
 
     def _check(self, address: str, partition: int, before: bool) -> None:
-        lease = self._keeper.lease_for(partition)
+        # A partition being handed over takes no new event; what runs finishes under it.
+        keeper = self._keeper
+        lease = keeper.accepts(partition) if before else keeper.lease_for(partition)
         if lease is None:
             if before:
                 raise Elsewhere(address)
@@ -90,15 +93,19 @@ class ClusterRouter:
         self, address: str, partition: int, event: Callable[[], Awaitable[T]]
     ) -> T:
         self._check(address, partition, before=True)
+        self._keeper.working(partition, +1)
         try:
-            result = await event()
-        except Exception as exc:
-            self._was_refused(address, exc)
-            raise
-        await self._storage.until_renewed(partition)
-        self._check(address, partition, before=False)  # the lease may have run out meanwhile
-        self._was_refused(address)
-        return result
+            try:
+                result = await event()
+            except Exception as exc:
+                self._was_refused(address, exc)
+                raise
+            await self._storage.until_renewed(partition)
+            self._check(address, partition, before=False)  # the lease may have run out
+            self._was_refused(address)
+            return result
+        finally:
+            self._keeper.working(partition, -1)
 
     def _was_refused(self, address: str, exc: Exception | None = None) -> None:
         """A call of the event was refused (``may_leave``): whatever it answers or raises,
@@ -124,7 +131,7 @@ class ClusterRouter:
         pause = _FIRST_PAUSE
         while True:
             left = None if timeout is None else max(end - trio.current_time(), 1e-3)
-            if self._keeper.lease_for(partition) is not None:
+            if self._keeper.accepts(partition) is not None:
                 try:
                     return await here(left)
                 except Elsewhere:  # the lease ran out just now
@@ -143,9 +150,12 @@ class ClusterRouter:
             pause = min(2 * pause, _LONGEST_PAUSE)
 
     def serves(self, address: str) -> bool:
-        """Whether this host holds the partition of ``address`` by its own clock, under the
-        epoch its database was opened with (if it is open)."""
-        lease = self._keeper.lease_for(self._partition(address))
+        """Whether this host may start an event of ``address`` now: it holds the partition by
+        its own clock, not being handed over, under the epoch the actor's database was opened
+        with (if it is open)."""
+        return self._holds(address, self._keeper.accepts(self._partition(address)))
+
+    def _holds(self, address: str, lease: Lease | None) -> bool:
         if lease is None:
             return False
         opened = self._storage.opened_under(address)
@@ -157,10 +167,13 @@ class ClusterRouter:
         late renewal is waited for: ``ClusterStorage.until_renewed``). An event that began
         under the lease may call after it ran out; its writes are fenced, and this stops what
         it would tell others."""
-        if self._storage.opened_under(caller) is None or self.serves(caller):
+        partition = self._partition(caller)
+        if self._storage.opened_under(caller) is None or self._holds(
+            caller, self._keeper.lease_for(partition)
+        ):
             return
-        await self._storage.until_renewed(self._partition(caller))
-        if not self.serves(caller):
+        await self._storage.until_renewed(partition)
+        if not self._holds(caller, self._keeper.lease_for(partition)):
             self._refused[caller] = True
             raise NotServedHere(caller)
 
@@ -176,7 +189,7 @@ class ClusterRouter:
         if chain:
             await self.may_leave(chain[-1])
         address = f"{class_name}/{name}"
-        if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
+        if self._keeper.accepts(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
                 return await self.deliver_local(class_name, name, request, chain, timeout)
 
@@ -199,7 +212,7 @@ class ClusterRouter:
         timeout: float | None,
     ) -> Any:
         await self.may_leave(caller)
-        if self._keeper.lease_for(self._partition(address)) is not None:  # the common case
+        if self._keeper.accepts(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
                 return await self.call_rpc_local(caller, chain, address, method, args, timeout)
 

@@ -21,21 +21,22 @@ class SkipsTheEpochCheck(ObservedStore):
 
 
 class TakesOverEarly(ObservedStore):
-    """A store that counts a host, and its leases, as gone once half the TTL passed without a
-    word from it (an expiry test written against the renewal interval): a live owner that
-    missed a renewal or two loses its partitions while its own clock still says it holds
-    them."""
+    """A store that counts a host, and its leases, as gone once one renewal interval (a third
+    of the TTL) passed without a word from it, as if the expiry were tested against the
+    interval: a live owner whose renewal is a little late loses its partitions while its own
+    clock still says it holds them."""
 
     _ttl = 0.0
 
     def _gone(self, expires_at: float | None) -> bool:
-        return expires_at is None or expires_at - self._ttl / 2 <= self.cluster.clock()
+        # Renewed last at expires_at - ttl: gone once ttl / 3 passed since.
+        return expires_at is None or expires_at - self._ttl * 2 / 3 <= self.cluster.clock()
 
     def heartbeat(self, ttl: float, address: str | None = None) -> int:
         self._ttl = ttl
         super().heartbeat(ttl, address)
         now = self.cluster.clock()
-        return sum(1 for seen, _ in self.cluster.hosts.values() if seen > now - ttl / 2)
+        return sum(1 for seen, _ in self.cluster.hosts.values() if seen > now - ttl / 3)
 
     def free_partitions(self, limit: int) -> list[int]:
         rows = self.cluster.leases
