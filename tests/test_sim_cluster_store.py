@@ -25,7 +25,14 @@ from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.records import StoreError, Write
 from actorkeep.cluster.replica import held
 from actorkeep.testing import open_host
-from sim.cluster.store import MemoryCluster, MemoryStore, ReplyLost, StoreLink, StoreUnreachable
+from sim.cluster.store import (
+    MemoryCluster,
+    MemoryStore,
+    ReplyLost,
+    RequestLost,
+    StoreLink,
+    StoreUnreachable,
+)
 
 
 async def test_a_link_is_slow_loses_replies_and_waits_out_a_failover(
@@ -59,6 +66,19 @@ async def test_a_link_is_slow_loses_replies_and_waits_out_a_failover(
     link.lost_replies = 0.0
     await link.run(lambda: store.commit([Write(0, epoch, "c/x", 21, b"g")]))
     assert [s for s, _ in store.frames("c/x")] == list(range(1, 22))  # nothing lost over it
+
+
+async def test_a_call_lost_on_its_way_to_the_store_does_not_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cluster = MemoryCluster(4, clock=trio.current_time)
+    store = cluster.connect("a", trio.current_time)
+    link = StoreLink(cluster, random.Random(7), lost_requests=1.0)
+    with pytest.raises(RequestLost):
+        await link.run(lambda: store.acquire(0, 30.0, 1.0))
+    assert cluster.leases[0].owner is None  # not taken: the call never ran
+    link.lost_requests = 0.0
+    assert await link.run(lambda: store.acquire(0, 30.0, 1.0)) is not None
 
 
 async def test_a_seed_draws_the_same_latencies_and_losses(

@@ -1,6 +1,7 @@
 """The simulated network between cluster hosts (sim/cluster/network.py), carrying the hosts' real
 internal protocol (actorkeep/cluster/peers.py) under virtual time: delays drawn from the seed,
-links cut one way or both that hold what is sent until they heal, refused connections."""
+links cut one way or both that hold what is sent until they heal, packets dropped for good that
+reset their connection, refused connections."""
 
 from __future__ import annotations
 
@@ -37,10 +38,12 @@ class Owner:
         return args
 
 
-async def hosts(nursery: trio.Nursery, seed: int = 1) -> tuple[SimNetwork, Peers, Owner]:
+async def hosts(
+    nursery: trio.Nursery, seed: int = 1, on_reset: Any = None
+) -> tuple[SimNetwork, Peers, Owner]:
     """Host "a" dials host "b", which listens on b:1 and owns everything."""
     rng = random.Random(seed)
-    net = SimNetwork(rng, latency=(0.001, 0.002))
+    net = SimNetwork(rng, latency=(0.001, 0.002), on_reset=on_reset)
     await nursery.start(net.run)
     owner = Owner()
 
@@ -107,3 +110,45 @@ def test_a_seed_gives_the_same_timings() -> None:
 
     assert in_virtual_time(5) == in_virtual_time(5)
     assert in_virtual_time(5) != in_virtual_time(6)
+
+
+async def test_a_dropped_packet_resets_its_connection_and_the_next_call_dials_again(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    resets: list[tuple[str, str]] = []
+    net, peers, owner = await hosts(nursery, on_reset=lambda a, b: resets.append((a, b)))
+    await peers.call_rpc("b:1", "c/x", (), "c/y", "m", {"n": 0}, 5.0)  # connected
+    net.drop = 1.0  # the request's chunk is lost for good: the connection is reset
+    with pytest.raises((Unreachable, CallTimeout)):
+        await peers.call_rpc("b:1", "c/x", (), "c/y", "m", {"n": 1}, 2.0)
+    assert resets and resets[0] == ("a", "b")
+    assert [args for _, args in owner.ran] == [{"n": 0}]  # it never arrived
+    net.drop = 0.0
+    assert await peers.call_rpc("b:1", "c/x", (), "c/y", "m", {"n": 2}, 5.0) == {"n": 2}
+    assert [args for _, args in owner.ran] == [{"n": 0}, {"n": 2}]
+
+
+async def test_a_reset_ends_both_ends_of_the_connection(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    net = SimNetwork(random.Random(1), drops=random.Random(2))
+    await nursery.start(net.run)
+    accepted: list[trio.abc.Stream] = []
+    got = trio.Event()
+
+    async def accept(stream: trio.abc.Stream) -> None:
+        accepted.append(stream)
+        got.set()
+        await trio.sleep_forever()
+
+    net.listen("b:1", accept)
+    mine = await net.connector("a")("b", 1)
+    await got.wait()
+    await mine.send_all(b"hello")
+    assert await accepted[0].receive_some() == b"hello"
+    net.drop = 1.0
+    await accepted[0].send_all(b"lost")  # dropped: the connection is reset
+    assert await mine.receive_some() == b""  # the end, not the chunk
+    assert await accepted[0].receive_some() == b""
+    with pytest.raises(trio.BrokenResourceError):
+        await mine.send_all(b"more")

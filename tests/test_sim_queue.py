@@ -169,6 +169,10 @@ class Script:
             "queue.deliver", self.t, queue=PUSH, id=i, attempt=attempt, body=body, outcome=outcome
         )
 
+    def leased(self, i: int, attempt: int) -> None:
+        """The push queue reports handing out lease ``(i, attempt)``."""
+        self.history.observe("queue.leased", self.t, queue=PUSH, id=i, attempt=attempt)
+
     def final(self, *dead: tuple[int, bytes, int], live: int = 0, queue: str = PULL) -> None:
         self.op("stats", {"queue": queue, "final": True}, [live, 0, 0, len(dead)])
         items = [[i, body, attempts, "max attempts exceeded"] for i, body, attempts in dead]
@@ -260,6 +264,40 @@ def test_push_deliveries_may_repeat_an_attempt_only_after_a_rollback() -> None:
 
     assert run(True) == set()
     assert run(False) == {"attempts-increase"}
+
+
+def test_a_push_delivery_held_up_on_its_way_begins_when_its_lease_was_handed_out() -> None:
+    """On a cluster, a push call held up in a cut link reaches the consumer after later
+    deliveries: it began when the queue leased it, not when the consumer saw it."""
+
+    def late_old_lease(leased: bool) -> set[str]:
+        s = Script()
+        s.op("send", {"queue": PUSH, "bodies": [b"p"], "delay": 0.0}, [1])
+        if leased:
+            s.leased(1, 1)  # the old owner's lease: its call is held up
+        s.power_loss(f"actors/{PUSH}")  # the old owner's plain lease is lost: a takeover
+        if leased:
+            s.leased(1, 1)  # the new owner leases the same name again
+        s.deliver(1, 1, b"p", "ack")  # one of the two arrives
+        s.deliver(1, 1, b"p", "ack")  # then the other: the same name twice
+        s.final(queue=PUSH)
+        return s.check({PUSH: 3})
+
+    def late_lower_attempt(leased: bool) -> set[str]:
+        s = Script()
+        s.op("send", {"queue": PUSH, "bodies": [b"p"], "delay": 0.0}, [1])
+        if leased:
+            s.leased(1, 1)  # its call is held up past the visibility: leased again
+            s.leased(1, 2)
+        s.deliver(1, 2, b"p", "ack")
+        s.deliver(1, 1, b"p", "ack")  # the held-up first attempt arrives last
+        s.final(queue=PUSH)
+        return s.check({PUSH: 3})
+
+    assert late_old_lease(True) == set()
+    assert late_old_lease(False) == {"attempts-increase"}  # as the consumer saw them
+    assert late_lower_attempt(True) == set()
+    assert late_lower_attempt(False) == {"attempts-increase"}
 
 
 def test_a_queue_that_does_not_drain_is_a_liveness_violation() -> None:
