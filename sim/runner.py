@@ -106,14 +106,19 @@ def run_seed(
     cluster_bug: dict[str, Any] = {}
     if bug is not None and bug not in scenario.bugs:
         from .cluster import CLUSTER_BUGS
-        from .cluster.observers import ObservedRouter
+        from .cluster.observers import ObservedKeeper, ObservedRouter
 
         if bug not in CLUSTER_BUGS:
             raise ValueError(f"no planted bug {bug!r}")
         if not cluster:
             raise ValueError(f"the planted bug {bug!r} is a cluster's: run it with cluster=True")
         cls = CLUSTER_BUGS[bug]
-        cluster_bug = {"router_class" if issubclass(cls, ObservedRouter) else "store_class": cls}
+        kind = (
+            "router_class" if issubclass(cls, ObservedRouter)
+            else "keeper_class" if issubclass(cls, ObservedKeeper)
+            else "store_class"
+        )  # fmt: skip
+        cluster_bug = {kind: cls}
     planted = scenario.bugs[bug] if bug is not None and not cluster_bug else None
     gate: dict[str, Any] = {}
     if isinstance(planted, type) and issubclass(planted, Gate):  # a runtime bug (bugs.py)

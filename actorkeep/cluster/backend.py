@@ -17,6 +17,10 @@ copies; what is durable is what the store holds.
 ``run()`` must run beside the host (it keeps the leases and runs the commits). After each tick
 it loads the alarm index of the partitions taken and drops that of the partitions lost
 (``alarms``, the host's ``AlarmIndex``: ``Host(..., alarm_index=lambda _: storage.alarms)``).
+Before each tick it hands over the partitions the keeper marked leaving: once no event or
+commit of one is in flight, its open actors are taken out of memory (``evict``, which the
+router gives: their closes ship what they had not), and once those closes are committed the
+tick releases it.
 """
 
 from __future__ import annotations
@@ -93,6 +97,9 @@ class ClusterStorage:
         self._syncer = Syncer()
         self._run_store = run_store
         self._ticked = trio.Event()
+        #: Takes an actor out of memory if it is idle (whether it is out now): the host's,
+        #: given by its router. Without it, a hand-over syncs the open actors instead.
+        self.evict: Callable[[str], bool] | None = None
 
     @property
     def committer(self) -> Committer:
@@ -145,18 +152,28 @@ class ClusterStorage:
                     self.store.close()
 
     async def _hand_over(self) -> None:
-        """Before a tick: the partitions being handed over that have no work in flight are
-        done with once their open actors' writes are in the store (plain writes included, as
-        a closing database ships them); the tick releases them."""
+        """Before a tick: a partition being handed over is done with once no event or commit
+        of it is in flight and none of its actors is open here: the idle ones are taken out
+        of memory (their closes commit what they had not shipped, plain writes included);
+        the tick releases what is done with."""
         keeper = self.keeper
         idle = {p for p in keeper.leaving if keeper.idle(p)}
-        for db in [db for db in self._open.values() if db.partition in idle]:
-            try:
-                await db.sync()
-            except Exception as exc:  # its plain writes are lost, as in a failover
-                log.info("could not ship an actor handed over", address=db.address,
-                         error=repr(exc))  # fmt: skip
-        keeper.handed(frozenset(p for p in idle if p in keeper.leaving and keeper.idle(p)))
+        if idle:
+            for db in [db for db in self._open.values() if db.partition in idle]:
+                if self.evict is not None:
+                    self.evict(db.address)  # busy (an alarm event): the next tick looks again
+                    continue
+                try:
+                    await db.sync()
+                except Exception as exc:  # its plain writes are lost, as in a failover
+                    log.info("could not ship an actor handed over", address=db.address,
+                             error=repr(exc))  # fmt: skip
+        still_open = {db.partition for db in self._open.values()} if self.evict else set()
+        keeper.handed(
+            frozenset(
+                p for p in idle if p in keeper.leaving and keeper.idle(p) and p not in still_open
+            )
+        )
 
     async def until_renewed(self, partition: int) -> None:
         """If the lease of ``partition`` lapsed by this host's clock with its renewal late,

@@ -49,6 +49,7 @@ class ClusterRouter:
     ) -> None:
         self.host = host
         self._storage = storage
+        storage.evict = host.evict  # a hand-over takes the partition's actors out of memory
         self._keeper = storage.keeper
         self._peers = peers
         #: How long a call without a deadline waits for its partition's owner.

@@ -9,7 +9,7 @@ from typing import Any
 
 from actorkeep.cluster.records import Lease
 
-from .observers import ObservedRouter, ObservedStore
+from .observers import ObservedKeeper, ObservedRouter, ObservedStore
 
 
 class SkipsTheEpochCheck(ObservedStore):
@@ -88,8 +88,20 @@ class TrustsWhatItHasOpen(ObservedRouter):
         return await super().call_rpc(caller, chain, address, method, args, timeout)
 
 
-#: name -> the store's or the router's class with the bug.
-CLUSTER_BUGS: dict[str, type[ObservedStore] | type[ObservedRouter]] = {
+class HandsOverAtOnce(ObservedKeeper):
+    """A keeper that releases the partitions above its share at the next tick, without
+    waiting for the host to be done with them: what runs on them, and the plain writes of
+    their open actors, are lost (the hand-over before decision 0018). The hand-over's own
+    test catches it; the sweeps do not (few of their runs hand partitions over with plain
+    writes unshipped and then read them), so it is not offered to ``--bug``."""
+
+    def tick(self) -> None:
+        self.handed(self.leaving)
+        super().tick()
+
+
+#: name -> the store's or the router's class with the bug (``--bug NAME --cluster``).
+CLUSTER_BUGS: dict[str, type[ObservedStore] | type[ObservedKeeper] | type[ObservedRouter]] = {
     "skips-epoch-check": SkipsTheEpochCheck,
     "early-takeover": TakesOverEarly,
     "no-margin": ServesWithoutMargin,

@@ -39,6 +39,10 @@ class Watcher(Protocol):
 
     def actors_in(self, partitions: set[int]) -> list[str]: ...
 
+    def handed_over(self, partition: int, epoch: int) -> None: ...
+
+    def was_handed_over(self, partition: int, epoch: int) -> bool: ...
+
 
 class ObservedRouter(ClusterRouter):
     """The cluster's router, with every reply of an actor this host serves checked against
@@ -145,21 +149,37 @@ class ObservedStorage(ClusterStorage):
 class ObservedKeeper(LeaseKeeper):
     """The lease keeper, telling the world of each partition its host takes: what the store
     did not have of the partition's actors (plain writes not shipped by their last owner) is
-    lost, as by a power loss of their files, before the new owner serves them."""
+    lost, as by a power loss of their files, before the new owner serves them. Not after a
+    hand-over the last owner finished (its actors closed, their closes committed): that one
+    must lose nothing, and the checkers hold it to that."""
 
-    def __init__(self, *args: Any, world: Watcher, number: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, store: MemoryStore, *args: Any, world: Watcher, number: int, **kwargs: Any
+    ) -> None:
+        super().__init__(store, *args, **kwargs)
+        self._on = store
         self._world = world
         self._number = number
+        self._done: frozenset[int] = frozenset()
+
+    def handed(self, partitions: frozenset[int]) -> None:
+        super().handed(partitions)
+        self._done = partitions
 
     def tick(self) -> None:
-        before = {(p, lease.epoch) for p, lease in self.held.items()}
+        held = self.held
+        before = {(p, lease.epoch) for p, lease in held.items()}
+        finished = {p: held[p].epoch for p in self.leaving & self._done}
         super().tick()
+        for p, epoch in finished.items():
+            if p not in self.held and self._on.lease_of(p) == (None, epoch):  # released
+                self._world.handed_over(p, epoch)
         # By epoch: a lease lost and taken again in one tick restores its actors all the same.
         taken = {p for p, lease in self.held.items() if (p, lease.epoch) not in before}
         if taken:
             self._world.back("partitions taken over")
-            files = self._world.actors_in(taken)
+            lossy = {p for p in taken if not self._world.was_handed_over(p, self.held[p].epoch - 1)}
+            files = self._world.actors_in(lossy)
             if files:
                 self._world.history.fault(
                     "power-loss",

@@ -126,6 +126,7 @@ class ClusterWorld(World):
         drops: float = 0.0,
         router_class: type[ObservedRouter] | None = None,
         store_class: type[ObservedStore] | None = None,
+        keeper_class: type[ObservedKeeper] | None = None,
     ) -> None:
         self._last_started: Incarnation | None = None
         super().__init__(app, seed, faults=faults, anchor=anchor, host_options=host_options)
@@ -133,6 +134,8 @@ class ClusterWorld(World):
         self.router_class = ObservedRouter if router_class is None else router_class
         #: The hosts' handle on the store (a planted bug's, in the checkers' own tests).
         self.store_class = ObservedStore if store_class is None else store_class
+        #: The hosts' lease keeper (a planted bug's, in the checkers' own tests).
+        self.keeper_class = ObservedKeeper if keeper_class is None else keeper_class
         if not 1 <= hosts <= 16:
             raise ValueError("a simulated cluster has 1 to 16 hosts")
         self.machines = hosts
@@ -155,6 +158,7 @@ class ClusterWorld(World):
         self._root: Path | None = None
         self._healed = False
         self._settled = False
+        self._handed: set[tuple[int, int]] = set()  # (partition, epoch) handed over cleanly
 
     @property
     def current(self) -> Incarnation | None:
@@ -206,7 +210,7 @@ class ClusterWorld(World):
 
         store = self.store_class(self.cluster, name, clock)
         store.world = self
-        keeper = ObservedKeeper(store, self.lease, clock, world=self, number=n)
+        keeper = self.keeper_class(store, self.lease, clock, world=self, number=n)
         keeper.address = f"{name}:{INTERNAL_PORT}"
         link = StoreLink(
             self.cluster,
@@ -584,6 +588,14 @@ class ClusterWorld(World):
         return await self._through(
             lambda host: host.call_as(caller, address, method, path, body, headers, timeout)
         )
+
+    def handed_over(self, partition: int, epoch: int) -> None:
+        """The owner of ``partition`` under ``epoch`` finished handing it over and released
+        it: its actors' files are all in the store."""
+        self._handed.add((partition, epoch))
+
+    def was_handed_over(self, partition: int, epoch: int) -> bool:
+        return (partition, epoch) in self._handed
 
     def actors_in(self, partitions: set[int]) -> list[str]:
         """The files (``actors/<class>/<name>``) of every actor any host incarnation ever
