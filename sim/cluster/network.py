@@ -104,7 +104,7 @@ class SimNetwork:
         self.rng = rng
         self.latency = latency
         self.drop = drop
-        self._drops = drops or random.Random(rng.random())
+        self._drops = drops if drops is not None else random.Random(0)  # (rng draws nothing)
         self._on_reset = on_reset  # told (sender, receiver) of each reset
         self._listeners: dict[str, Handler] = {}
         self._cut: set[tuple[str, str]] = set()
