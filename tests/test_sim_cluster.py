@@ -21,6 +21,7 @@ from sim.cluster.bugs import (
     TrustsWhatItHasOpen,
 )
 from sim.cluster.observers import ObservedKeeper, ObservedRouter, ObservedStore
+from sim.cluster.world import DRIFT
 from sim.faults import ALL_FAULTS
 from sim.runner import run_seed
 from sim.scenarios import SCENARIOS
@@ -36,6 +37,25 @@ def test_a_cluster_seed_replays_exactly() -> None:
     assert first.summary["hosts"] == 3 and first.crashes > 0  # killed hosts, restarted
     assert first.trace_hash == again.trace_hash
     assert first.history.digest() == again.history.digest()
+
+
+def test_each_host_s_clock_drifts_within_the_bound_the_margin_assumes() -> None:
+    world = ClusterWorld(app, seed=7, hosts=5)
+    rates: list[float] = []
+
+    async def main(w: Any) -> None:
+        assert isinstance(w, ClusterWorld)
+        start = {m: (inc.clock(), trio.current_time()) for m, inc in w.live.items()}
+        await trio.sleep(100.0)
+        for m, inc in w.live.items():
+            (host_then, store_then) = start[m]
+            rates.append((inc.clock() - host_then) / (trio.current_time() - store_then))
+
+    world.run(main)
+    assert len(rates) == 5 and len(set(rates)) == 5  # each its own rate
+    assert all(abs(rate - 1.0) <= DRIFT for rate in rates), rates
+    # Over a lease, the drift stays well inside its margin.
+    assert DRIFT * world.lease.ttl < world.lease.margin / 10
 
 
 def test_every_scenario_passes_on_clusters_without_injected_faults() -> None:

@@ -100,6 +100,8 @@ class ClusterIncarnation(Incarnation):
         self.router: ObservedRouter | None = None
         self.nursery: trio.Nursery | None = None
         self.resumed: trio.Event | None = None  # set: paused until it is set
+        #: The host's own monotonic clock (drifting from the store's), once it is made.
+        self.clock: Callable[[], float] = trio.current_time
 
     async def unpaused(self) -> None:
         """Until this host runs (a paused host takes no request and lets no reply out)."""
@@ -245,6 +247,7 @@ class ClusterWorld(World):
             **self.host_options,
         )
         inc = ClusterIncarnation(n, machine, host, storage, link, peers)
+        inc.clock = clock
         self._all.append(inc)
         inc.router = made[0]
         inc.router.incarnation = inc
