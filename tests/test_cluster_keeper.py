@@ -102,16 +102,22 @@ def test_a_host_that_joins_gets_its_share_from_the_others(stores: Stores) -> Non
     assert all(lease.epoch == 2 for lease in b.held.values())  # each taken over once
 
 
-def test_a_partition_handed_over_is_released_after_the_limit_all_the_same(
-    stores: Stores,
-) -> None:
+def handing_over(stores: Stores, clock: Clock | None = None) -> tuple[LeaseKeeper, LeaseKeeper]:
+    """Host a holds every partition, b joins: after a's next tick, half of them are leaving."""
     stores.make(PARTITIONS)
-    clock = Clock()
     a, b = stores.keeper("a", clock), stores.keeper("b")
     a.tick()
     b.tick()
     a.tick()
     assert len(a.leaving) == PARTITIONS // 2
+    return a, b
+
+
+def test_a_partition_handed_over_is_released_after_the_limit_all_the_same(
+    stores: Stores,
+) -> None:
+    clock = Clock()
+    a, b = handing_over(stores, clock)
     leaving = a.leaving
     busy = min(leaving)
     a.working(busy, +1)  # an event that never ends
@@ -130,12 +136,7 @@ def test_a_partition_handed_over_is_released_after_the_limit_all_the_same(
 
 
 def test_a_partition_handed_over_stays_if_the_share_grows_back(stores: Stores) -> None:
-    stores.make(PARTITIONS)
-    a, b = stores.keeper("a"), stores.keeper("b")
-    a.tick()
-    b.tick()
-    a.tick()
-    assert len(a.leaving) == PARTITIONS // 2
+    a, b = handing_over(stores)
     b.release_all()  # b leaves before taking anything
     a.tick()
     assert a.leaving == frozenset() and len(a.held) == PARTITIONS

@@ -87,7 +87,7 @@ class ClusterAlarmIndex:
         """Due entries of the partitions held by this host's clock and not being handed over
         (a partition whose lease ran out waits for the next tick to drop it, or renew it)."""
         found: list[tuple[str, float]] = []
-        lease_for = self._keeper.accepts
+        accepts = self._keeper.accepts
         while True:
             if after is None:
                 rows = self._db.execute(
@@ -102,7 +102,7 @@ class ClusterAlarmIndex:
                     (now, after[0], after[1], limit),
                 ).fetchall()
             for address, at, partition in rows:
-                if lease_for(partition) is None:
+                if accepts(partition) is None:
                     self._skipped.add(partition)
                     continue
                 found.append((address, at))

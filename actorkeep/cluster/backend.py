@@ -98,8 +98,9 @@ class ClusterStorage:
         self._run_store = run_store
         self._ticked = trio.Event()
         #: Takes an actor out of memory if it is idle (whether it is out now): the host's,
-        #: given by its router. Without it, a hand-over syncs the open actors instead.
-        self.evict: Callable[[str], bool] | None = None
+        #: given by its router. Without it, a partition handed over with actors open goes
+        #: only at the hand-over's limit.
+        self.evict: Callable[[str], bool] = lambda address: False
 
     @property
     def committer(self) -> Committer:
@@ -128,7 +129,7 @@ class ClusterStorage:
                 while True:
                     await trio.sleep(self.keeper.settings.every)
                     try:
-                        await self._hand_over()
+                        self._hand_over()
                         await self.in_thread(self.keeper.tick)
                         if failing:
                             failing = False
@@ -151,29 +152,17 @@ class ClusterStorage:
                     self._syncer.close()
                     self.store.close()
 
-    async def _hand_over(self) -> None:
+    def _hand_over(self) -> None:
         """Before a tick: a partition being handed over is done with once no event or commit
         of it is in flight and none of its actors is open here: the idle ones are taken out
         of memory (their closes commit what they had not shipped, plain writes included);
         the tick releases what is done with."""
         keeper = self.keeper
         idle = {p for p in keeper.leaving if keeper.idle(p)}
-        if idle:
-            for db in [db for db in self._open.values() if db.partition in idle]:
-                if self.evict is not None:
-                    self.evict(db.address)  # busy (an alarm event): the next tick looks again
-                    continue
-                try:
-                    await db.sync()
-                except Exception as exc:  # its plain writes are lost, as in a failover
-                    log.info("could not ship an actor handed over", address=db.address,
-                             error=repr(exc))  # fmt: skip
-        still_open = {db.partition for db in self._open.values()} if self.evict else set()
-        keeper.handed(
-            frozenset(
-                p for p in idle if p in keeper.leaving and keeper.idle(p) and p not in still_open
-            )
-        )
+        for db in [db for db in self._open.values() if db.partition in idle]:
+            self.evict(db.address)  # busy (an alarm event): the next tick looks again
+        still_open = {db.partition for db in self._open.values()}
+        keeper.handed(frozenset(p for p in idle if keeper.idle(p) and p not in still_open))
 
     async def until_renewed(self, partition: int) -> None:
         """If the lease of ``partition`` lapsed by this host's clock with its renewal late,
@@ -236,7 +225,7 @@ class ClusterStorage:
             self.forget(address)
             db.close_commit_ended(NotServedHere(address))
             return
-        self.syncing(address, +1)
+        self.syncing(address, db.partition, +1)
 
         async def commit() -> None:
             try:
@@ -249,17 +238,17 @@ class ClusterStorage:
                 log.warning("a closed actor's last writes were not committed",
                             address=address, error=repr(exc))  # fmt: skip
             finally:
-                self.syncing(address, -1)
+                self.syncing(address, db.partition, -1)
 
         nursery.start_soon(commit)
 
-    def hold_until_ended(self, address: str, ticket: Ticket) -> None:
+    def hold_until_ended(self, address: str, partition: int, ticket: Ticket) -> None:
         """A commit no one waits for any more still counts as running for ``address`` (its
         next open waits for it) until it ends, whatever its outcome."""
         nursery = self._nursery
         if nursery is None:
             return
-        self.syncing(address, +1)
+        self.syncing(address, partition, +1)
 
         async def wait() -> None:
             try:
@@ -267,7 +256,7 @@ class ClusterStorage:
             except Exception:  # its outcome no longer matters: the actor is restored after
                 pass
             finally:
-                self.syncing(address, -1)
+                self.syncing(address, partition, -1)
 
         nursery.start_soon(wait)
 
@@ -319,8 +308,9 @@ class ClusterStorage:
         did not have."""
         self._restored.pop(address, None)
 
-    def syncing(self, address: str, delta: int) -> None:
-        self.keeper.working(partition_of(address, self.store.partitions), delta)
+    def syncing(self, address: str, partition: int, delta: int) -> None:
+        """A commit of ``address`` (of ``partition``) begins (+1) or ends (-1)."""
+        self.keeper.working(partition, delta)
         n = self._syncs.get(address, 0) + delta
         if n:
             self._syncs[address] = n

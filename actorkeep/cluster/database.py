@@ -65,13 +65,13 @@ class Owner(Protocol):
 
     def until_renewed(self, partition: int) -> Awaitable[None]: ...
 
-    def syncing(self, address: str, delta: int) -> None: ...
+    def syncing(self, address: str, partition: int, delta: int) -> None: ...
 
     def forget(self, address: str) -> None: ...
 
     def committed(self, db: ClusterDatabase) -> None: ...
 
-    def hold_until_ended(self, address: str, ticket: Ticket) -> None: ...
+    def hold_until_ended(self, address: str, partition: int, ticket: Ticket) -> None: ...
 
     def database_closed(self, db: ClusterDatabase) -> None: ...
 
@@ -149,7 +149,7 @@ class ClusterDatabase:
         storage = self._storage
         if self._failed is not None:
             raise NotServedHere(self.address) from self._failed
-        storage.syncing(self.address, +1)
+        storage.syncing(self.address, self.partition, +1)
         try:
             await storage.until_renewed(self.partition)
             lease = storage.keeper.lease_for(self.partition)
@@ -167,7 +167,7 @@ class ClusterDatabase:
                 if scope.cancelled_caught:
                     # Still queued or in flight: the actor's next open waits for its end
                     # all the same (a restore before it would number its batches again).
-                    storage.hold_until_ended(self.address, ticket)
+                    storage.hold_until_ended(self.address, self.partition, ticket)
                     raise _unknown(self.address)
                 storage.committed(self)
         except BaseException as exc:
@@ -178,7 +178,7 @@ class ClusterDatabase:
                 raise
             raise error from exc
         finally:
-            storage.syncing(self.address, -1)
+            storage.syncing(self.address, self.partition, -1)
 
     async def _send_first_image(self) -> None:
         """An actor new to the cluster: its image goes first, as batch 0 (fenced)."""
