@@ -1,20 +1,28 @@
-"""Outside HTTP requests to an ``@rpc`` method vs a bare hypercorn hello-world ASGI app.
+"""Outside HTTP requests to an ``@rpc`` method against the JSON handler a Python user would
+otherwise write: Starlette on uvicorn, under wrk.
 
-Two server processes run side by side on 127.0.0.1, both on trio:
+The sides, each a server process of its own on 127.0.0.1, all answering
+``POST /bench/hello/_rpc/hello`` with the JSON body ``{}``:
 
-- actorkeep: ``actorkeep.front.serve_http`` with the limits of ``actorkeep serve``, over a
-  ``Host`` on ``FileStorage``; the request reaches ``@rpc hello`` of the actor ``bench/hello``;
-- baseline: a bare ASGI app that reads the body and answers ``200 hello``, on hypercorn's trio
-  worker.
+- actorkeep: ``actorkeep.front.serve_http`` with the limits of ``actorkeep serve`` (so a
+  connection is closed after 1,000 requests and wrk reconnects), over a ``Host`` on
+  ``FileStorage``; the request reaches ``@rpc hello`` of the actor ``bench/hello``, which
+  answers the JSON string ``"hello"``;
+- starlette: a Starlette route that reads the body, parses it as JSON and answers
+  ``JSONResponse("hello")``, on uvicorn with h11 and asyncio (the target's baseline);
+- hypercorn: a bare hello-world ASGI app (reads the body, answers ``hello``) on hypercorn's
+  trio worker;
+- uvicorn-fast: the Starlette route on uvicorn with httptools and uvloop, when uvloop is
+  installed (shown, no target).
 
-This process is the load generator for both: the identical request
-(``POST /bench/hello/_rpc/hello`` with the JSON body ``{}``) over several keep-alive HTTP/1.1
-connections on raw non-blocking sockets, each with one request in flight. Phases alternate
-between the two servers (a warm-up, then a timed window, bounded in count too); the median of
-the rounds is reported, with the CPU share of the generator and of the server to show which one
-is the bottleneck. Target (docs/reference.md §12): actorkeep >= 0.7x the bare app's req/s.
+wrk (one thread) drives each side in turn at 1, 16 and 64 keep-alive connections; each round
+visits the sides in a rotated order, so every pair is measured close in time. Printed per
+connection count: each side's requests/s and p99 latency (min / median / max over the
+rounds) and the ratio actorkeep / starlette of each round's pair. Targets (issue 15): the
+median ratio at least 1.0 at every connection count, and actorkeep's median p99 no worse than
+starlette's.
 
-    python bench/http.py [--quick]
+    python bench/http.py [--quick] [--rounds N] [--seconds S]
 """
 
 from __future__ import annotations
@@ -31,15 +39,16 @@ if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
 
 import argparse
 import contextlib
-import os
-import selectors
+import importlib.util
+import json
+import re
+import shutil
 import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,19 +57,18 @@ from typing import Any, cast
 import trio
 
 import actorkeep as ak
-from bench.procs import LOOPBACK, free_port
+from bench.procs import LOOPBACK, free_port, stop_process
 
-TARGET = 0.7
+TARGET = 1.0
+CONNS = (1, 16, 64)
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 PATH = "/bench/hello/_rpc/hello"
-BODY = b"{}"
-REQUEST = (
-    f"POST {PATH} HTTP/1.1\r\n"
-    f"Host: {LOOPBACK}\r\n"
-    "Content-Type: application/json\r\n"
-    f"Content-Length: {len(BODY)}\r\n"
-    "\r\n"
-).encode() + BODY
+BODY = "{}"
+WRK_SCRIPT = f"""
+wrk.method = "POST"
+wrk.body = '{BODY}'
+wrk.headers["Content-Type"] = "application/json"
+"""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -80,7 +88,8 @@ class Hello(ak.Actor):
 
 
 async def bare_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """The baseline: a hello-world ASGI 3 app (it reads the request body, as actorkeep does)."""
+    """The hypercorn side: a hello-world ASGI 3 app (it reads the request body, as the others
+    do)."""
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -105,19 +114,60 @@ async def bare_app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"hello"})
 
 
+def starlette_app() -> Any:
+    """The starlette side: the same JSON handler, written as a Starlette user would."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def hello(request: Request) -> JSONResponse:
+        json.loads(await request.body())
+        return JSONResponse("hello")
+
+    return Starlette(routes=[Route(PATH, hello, methods=["POST"])])
+
+
 # -- server processes ------------------------------------------------------------------------
 
 
-async def serve(kind: str, port: int, data: Path) -> None:
-    """Serve one side until SIGTERM/SIGINT: actorkeep as ``actorkeep serve`` does, the bare
-    app on hypercorn's trio worker."""
+SIDES = ("actorkeep", "starlette", "hypercorn", "uvicorn-fast")
+
+
+def available_sides() -> list[str]:
+    """The sides this machine can run: uvicorn-fast only with uvloop and httptools."""
+    fast = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))
+    return [s for s in SIDES if s != "uvicorn-fast" or fast]
+
+
+def serve(kind: str, port: int, data: Path) -> None:
+    """Serve one side until SIGTERM/SIGINT."""
+    if kind in ("starlette", "uvicorn-fast"):
+        import uvicorn
+
+        fast = kind == "uvicorn-fast"
+        config = uvicorn.Config(
+            starlette_app(),
+            host=LOOPBACK,
+            port=port,
+            http="httptools" if fast else "h11",
+            loop="uvloop" if fast else "asyncio",
+            access_log=False,
+            log_level="warning",
+        )
+        uvicorn.Server(config).run()
+        return
+    trio.run(_serve_trio, kind, port, data)
+
+
+async def _serve_trio(kind: str, port: int, data: Path) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
             async for _ in signals:
                 return
 
-        if kind == "bare":
+        if kind == "hypercorn":
             from hypercorn.config import Config
             from hypercorn.trio import serve as hypercorn_serve
 
@@ -142,13 +192,9 @@ class Server:
     port: int
     proc: subprocess.Popen[bytes]
 
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux), else ``None``."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}{PATH}"
 
 
 def start_server(kind: str, data: Path) -> Server:
@@ -160,243 +206,135 @@ def start_server(kind: str, data: Path) -> Server:
     )
     server = Server(kind, port, proc)
     deadline = time.monotonic() + 30.0
+    request = urllib.request.Request(server.url, data=BODY.encode(), method="POST")
+    request.add_header("content-type", "application/json")
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"{kind} server exited with {proc.returncode}")
         try:
-            run_load(port, conns=1, warmup=0.0, duration=0.0, max_requests=1)
-            return server
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                if resp.status == 200:
+                    return server
         except OSError:
-            if time.monotonic() > deadline:
-                stop_server(server)
-                raise RuntimeError(f"{kind} server did not answer on port {port}") from None
-            time.sleep(0.05)
+            pass
+        if time.monotonic() > deadline:
+            stop_process(proc)
+            raise RuntimeError(f"{kind} server did not answer on port {port}")
+        time.sleep(0.05)
 
 
-def stop_server(server: Server) -> None:
-    """Ask the server to stop; kill it if it does not."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
-
-
-# -- load generator --------------------------------------------------------------------------
+# -- wrk ---------------------------------------------------------------------------------------
 
 
 @dataclass
-class Load:
-    """What one timed window measured."""
+class Run:
+    """What one wrk run measured."""
 
-    requests: int
-    seconds: float
-    client_cpu: float  # seconds of this process's CPU during the window
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds if self.seconds > 0 else 0.0
+    rate: float  # requests per second
+    p99_ms: float
 
 
-class _Conn:
-    """One keep-alive connection with at most one request in flight.
-
-    Both servers close a connection after 1,000 requests, saying ``connection: close``; the
-    connection then reconnects, as an HTTP client would.
-    """
-
-    __slots__ = ("buf", "busy", "closing", "port", "sock")
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.sock = self._connect()
-        self.buf = b""
-        self.busy = False
-        self.closing = False
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection((LOOPBACK, self.port), timeout=5.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
-        return sock
-
-    def reconnect(self, sel: selectors.BaseSelector) -> None:
-        """Replace a connection the server is closing with a new one."""
-        sel.unregister(self.sock)
-        self.sock.close()
-        self.sock = self._connect()
-        sel.register(self.sock, selectors.EVENT_READ, self)
-        self.buf = b""
-        self.closing = False
-
-    def send(self) -> None:
-        self.sock.sendall(REQUEST)  # small: fits in the socket buffer at once
-        self.busy = True
-
-    def take_response(self) -> bool:
-        """Consume one complete response from the buffer; ``False`` if it is not all here."""
-        buf = self.buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            return False
-        head = buf[:end].lower()
-        if not head.startswith(b"http/1.1 200 "):
-            raise RuntimeError(f"unexpected response: {buf[:300]!r}")
-        at = head.find(b"\r\ncontent-length:")
-        if at < 0:
-            raise RuntimeError(f"response without content-length: {buf[:300]!r}")
-        line_end = head.find(b"\r\n", at + 2)
-        length = int(head[at + 17 : line_end if line_end >= 0 else len(head)])
-        total = end + 4 + length
-        if len(buf) < total:
-            return False
-        self.buf = buf[total:]
-        self.busy = False
-        self.closing = b"\r\nconnection: close" in head
-        return True
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
-def run_load(port: int, conns: int, warmup: float, duration: float, max_requests: int) -> Load:
-    """Keep ``conns`` connections busy: ``warmup`` seconds, then a window of ``duration``
-    seconds or ``max_requests`` responses, whichever ends first; then drain and close."""
-    sel = selectors.DefaultSelector()
-    clients = [_Conn(port) for _ in range(conns)]
-    try:
-        for c in clients:
-            sel.register(c.sock, selectors.EVENT_READ, c)
-            c.send()
-        start = time.perf_counter()
-        measure_from = start + warmup
-        stop_at = measure_from + duration
-        measuring = warmup <= 0
-        cpu0 = time.process_time()
-        t0 = t1 = start
-        cpu1 = cpu0
-        done = 0
-        sending = True
-        while sending or any(c.busy for c in clients):
-            events = sel.select(timeout=10.0)
-            if not events:
-                raise RuntimeError("no response within 10 s")
-            now = time.perf_counter()
-            if not measuring and now >= measure_from:
-                measuring, t0, cpu0 = True, now, time.process_time()
-            for key, _ in events:
-                c = cast(_Conn, key.data)
-                data = c.sock.recv(65536)
-                if not data:
-                    raise RuntimeError("the server closed a connection")
-                c.buf += data
-                if c.take_response():
-                    if measuring and sending:
-                        done += 1
-                        if done >= max_requests or now >= stop_at:
-                            sending = False
-                            t1, cpu1 = now, time.process_time()
-                    if c.closing:
-                        c.reconnect(sel)
-                    if sending:
-                        c.send()
-        return Load(done, t1 - t0, cpu1 - cpu0)
-    finally:
-        sel.close()
-        for c in clients:
-            c.sock.close()
+def wrk(url: str, script: Path, conns: int, seconds: int) -> Run:
+    """One wrk run (whole seconds: wrk takes no fraction); fails on any socket error or
+    non-2xx answer."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 60,
+    ).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk saw errors:\n{out}")
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    if rate is None or p99 is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    return Run(float(rate.group(1)), float(p99.group(1)) * _UNITS[p99.group(2)])
 
 
-# -- the comparison --------------------------------------------------------------------------
-
-
-@dataclass
-class Round:
-    """One timed window against one server."""
-
-    load: Load
-    server_cpu: float | None
-
-
-def measure(server: Server, conns: int, warmup: float, duration: float, cap: int) -> Round:
-    """One phase against ``server``, with the server's CPU share over the phase."""
-    cpu_before = server.cpu_seconds()
-    wall_before = time.perf_counter()
-    load = run_load(server.port, conns, warmup, duration, cap)
-    wall = time.perf_counter() - wall_before
-    cpu_after = server.cpu_seconds()
-    share = None
-    if cpu_before is not None and cpu_after is not None and wall > 0:
-        share = (cpu_after - cpu_before) / wall
-    return Round(load, share)
-
-
-def summary(rounds: list[Round]) -> str:
-    """Rates of every round and the CPU shares (generator / server) of the median round."""
-    rates = [r.load.rate for r in rounds]
-    mid = sorted(rounds, key=lambda r: r.load.rate)[len(rounds) // 2]
-    client = mid.load.client_cpu / mid.load.seconds if mid.load.seconds > 0 else 0.0
-    server = f"{mid.server_cpu:.0%}" if mid.server_cpu is not None else "n/a"
-    return (
-        " ".join(f"{r:,.0f}" for r in rates) + f"  (cpu: generator {client:.0%}, server {server})"
-    )
+def spread(values: list[float], fmt: str) -> str:
+    """min / median / max."""
+    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments; serve one side (``--serve``) or run the whole comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    parser.add_argument("--conns", type=int, default=8, help="keep-alive connections")
-    parser.add_argument("--rounds", type=int, default=None, help="timed windows per side")
-    parser.add_argument("--seconds", type=float, default=None, help="length of a timed window")
-    parser.add_argument("--serve", choices=["actorkeep", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=None, help="runs per side and count")
+    parser.add_argument("--seconds", type=int, default=None, help="length of one wrk run")
+    parser.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--data", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.serve:
-        trio.run(serve, args.serve, args.port, Path(args.data))
+        serve(args.serve, args.port, Path(args.data))
         return
+    if shutil.which("wrk") is None:
+        sys.exit("bench/http.py needs wrk (Debian: apt-get install wrk; `make bench` does it)")
 
     rounds = args.rounds or (1 if args.quick else 5)
-    seconds = args.seconds or (0.3 if args.quick else 1.5)
-    warmup = 0.1 if args.quick else 0.3
+    seconds = args.seconds or (1 if args.quick else 3)
+    conn_counts = (16,) if args.quick else CONNS
+    sides = available_sides()
     load_before = os.getloadavg()[0]
-    cap = 2_000 if args.quick else 1_000_000
 
     BENCH_TMP.mkdir(exist_ok=True)
-    results: dict[str, list[Round]] = {"actorkeep": [], "bare": []}
+    runs: dict[tuple[str, int], list[Run]] = {(s, c): [] for s in sides for c in conn_counts}
     try:
         with tempfile.TemporaryDirectory(dir=BENCH_TMP, prefix="http-") as tmp:
+            script = Path(tmp) / "post.lua"
+            script.write_text(WRK_SCRIPT)
             servers: list[Server] = []
             try:
-                for kind in ("actorkeep", "bare"):
+                for kind in sides:
                     servers.append(start_server(kind, Path(tmp)))
+                for server in servers:  # warm up: imports, the actor's first event
+                    wrk(server.url, script, 16, 1 if args.quick else 2)
                 for i in range(rounds):
-                    order = servers if i % 2 == 0 else servers[::-1]
-                    for server in order:
-                        round_ = measure(server, args.conns, warmup, seconds, cap)
-                        results[server.kind].append(round_)
+                    for conns in conn_counts:
+                        shift = i % len(servers)
+                        for server in servers[shift:] + servers[:shift]:
+                            runs[(server.kind, conns)].append(
+                                wrk(server.url, script, conns, seconds)
+                            )
             finally:
                 for server in servers:
-                    stop_server(server)
+                    stop_process(server.proc)
     finally:
         with contextlib.suppress(OSError):
             BENCH_TMP.rmdir()  # only if empty: another benchmark may be using it
 
-    a = statistics.median(r.load.rate for r in results["actorkeep"])
-    b = statistics.median(r.load.rate for r in results["bare"])
-    ratio = a / b
-    verdict = "met" if ratio >= TARGET else "MISSED"
     print(
-        f"http: {args.conns} keep-alive connections, {rounds} x {seconds} s windows per side, "
-        f"median reported (load average {load_before:.2f} before, {os.cpu_count()} cores)"
+        f"http: wrk -t1, {rounds} x {seconds} s per side and connection count, sides "
+        f"rotated each round; min / median / max (load average {load_before:.2f} before, "
+        f"{os.cpu_count()} cores)"
     )
-    print(f"  actorkeep req/s: {summary(results['actorkeep'])}")
-    print(f"  bare app req/s:  {summary(results['bare'])}")
-    print(
-        f"http: actorkeep {a:,.0f} req/s, bare hypercorn app {b:,.0f} req/s, "
-        f"ratio {ratio:.2f}x (target >= {TARGET}x, {verdict})"
-    )
+    for conns in conn_counts:
+        print(f"  {conns} connection{'s' if conns > 1 else ''}:")
+        for side in sides:
+            side_runs = runs[(side, conns)]
+            print(
+                f"    {side:<13} req/s {spread([r.rate for r in side_runs], ',.0f'):<26} "
+                f"p99 ms {spread([r.p99_ms for r in side_runs], '.2f')}"
+            )
+    for conns in conn_counts:
+        ours, base = runs[("actorkeep", conns)], runs[("starlette", conns)]
+        ratios = [a.rate / b.rate for a, b in zip(ours, base, strict=True)]
+        ratio = statistics.median(ratios)
+        p99_ours = statistics.median(r.p99_ms for r in ours)
+        p99_base = statistics.median(r.p99_ms for r in base)
+        verdict = "met" if ratio >= TARGET and p99_ours <= p99_base else "MISSED"
+        print(
+            f"http: {conns:>2} conns, actorkeep / starlette on uvicorn (h11) ratio "
+            f"{spread(ratios, '.2f')}x, p99 {p99_ours:.2f} vs {p99_base:.2f} ms "
+            f"(target >= {TARGET}x and p99 no worse: {verdict})"
+        )
 
 
 if __name__ == "__main__":

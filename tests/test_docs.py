@@ -15,6 +15,8 @@ The convention, which every page of docs/ follows:
 - A runnable block whose first line is ``# runnable: postgres`` needs a real PostgreSQL: it runs
   with the real clock (for at most ``POSTGRES_TIME_LIMIT`` seconds) and finds a fresh
   database's conninfo in the environment variable ``ACTORKEEP_POSTGRES``.
+- A runnable block whose first line is ``# runnable: network`` talks to a real socket (a server
+  on loopback): it runs with the real clock, for at most ``NETWORK_TIME_LIMIT`` seconds.
 - Every other ``python`` block is an illustration: it must compile (top-level ``await`` allowed)
   but is not run.
 
@@ -40,6 +42,8 @@ MARKER = "# runnable"
 TIME_LIMIT = 7 * 24 * 3600.0  # virtual seconds
 POSTGRES_MARKER = "# runnable: postgres"
 POSTGRES_TIME_LIMIT = 120.0  # real seconds
+NETWORK_MARKER = "# runnable: network"
+NETWORK_TIME_LIMIT = 60.0  # real seconds
 
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -57,6 +61,10 @@ class Block:
     @property
     def needs_postgres(self) -> bool:
         return self.source.lstrip().startswith(POSTGRES_MARKER)
+
+    @property
+    def needs_network(self) -> bool:
+        return self.source.lstrip().startswith(NETWORK_MARKER)
 
     @property
     def id(self) -> str:
@@ -100,14 +108,17 @@ def test_runnable_example(
     if block.needs_postgres:
         monkeypatch.setenv("ACTORKEEP_POSTGRES", request.getfixturevalue("pg_conninfo"))
         monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # where the app modules are
-
-        async def bounded() -> None:
-            with trio.fail_after(POSTGRES_TIME_LIMIT):
-                await main()
-
-        trio.run(bounded)
+        trio.run(bounded_by, main, POSTGRES_TIME_LIMIT)
+        return
+    if block.needs_network:
+        trio.run(bounded_by, main, NETWORK_TIME_LIMIT)
         return
     run_example(main)
+
+
+async def bounded_by(main: Callable[[], Awaitable[object]], seconds: float) -> None:
+    with trio.fail_after(seconds):
+        await main()
 
 
 def run_example(main: Callable[[], Awaitable[object]]) -> None:

@@ -34,7 +34,16 @@ class Connection:
     its request body it holds of the host's in-flight budget. ``fd`` is its socket's file
     descriptor (-1: unknown), to see whether the client sent bytes its task has not read yet."""
 
-    __slots__ = ("fd", "held", "scope", "since", "stage", "window_base", "window_start")
+    __slots__ = (
+        "fd",
+        "held",
+        "replying",
+        "scope",
+        "since",
+        "stage",
+        "window_base",
+        "window_start",
+    )
 
     def __init__(self, fd: int = -1) -> None:
         self.fd = fd
@@ -42,6 +51,7 @@ class Connection:
         self.stage: Stage = "fresh"
         self.since = trio.current_time()  # when it entered its stage
         self.held = 0
+        self.replying = False  # a reply is being written (one cut off leaves it True)
         self.window_start = 0.0  # the body's current rate window: when it began,
         self.window_base = 0  # and how many bytes had arrived then
 

@@ -1,13 +1,14 @@
-"""The HTTP/1.1 server of ``actorkeep serve``: trio sockets, h11, and the ``Front``.
+"""The HTTP/1.1 server of ``actorkeep serve``: trio sockets, httptools, and the ``Front``.
 
-One task per connection reads a request with h11, hands it to ``Front.handle`` and writes the
-reply. Nothing a client sends can end the process: every failure of a connection is logged
-with an id and closes that connection only. Slow and idle clients are timed out, the number of
-connections is capped below the file-descriptor budget, and when the cap is reached the
-connection that has waited longest for its request (idle keep-alive first, then the slowest
-upload) is closed to make room, so clients that send whole requests keep getting answers.
-HTTP/2 is not served (decision 0010): a prior-knowledge preface gets ``505`` and the
-connection is closed. See docs/decisions/0010-http-server.md.
+One task per connection reads a request (``http11.RequestReader``), hands it to
+``Front.handle`` and writes the reply. Nothing a client sends can end the process: every
+failure of a connection is logged with an id and closes that connection only. Slow and idle
+clients are timed out, the number of connections is capped below the file-descriptor budget,
+and when the cap is reached the connection that has waited longest for its request (idle
+keep-alive first, then the slowest upload) is closed to make room, so clients that send whole
+requests keep getting answers. HTTP/2 is not served (decision 0010): a prior-knowledge
+preface gets ``505`` and the connection is closed. See docs/decisions/0010-http-server.md and
+0019-http-parser.md.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import errno
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
-import h11
 import structlog
 import trio
 
@@ -28,12 +27,23 @@ from ..http import Response, error_response
 from ..runtime.host import Host
 from .connections import Connection, Connections
 from .front import Front
+from .http11 import (
+    CLOSED,
+    CONTINUE,
+    END,
+    MAX_FEED,
+    NEED_DATA,
+    ProtocolError,
+    RequestHead,
+    RequestReader,
+    encode_response,
+)
 
 log = structlog.get_logger("actorkeep")
 
 #: accept() errors that mean "out of descriptors or memory", not a broken listener.
 CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-RECEIVE_SIZE = 65536
+RECEIVE_SIZE = MAX_FEED
 #: Seconds a refused or closing connection gets to take its last reply.
 LAST_WORDS = 1.0
 #: After ``transfer_grace``, every window of this many seconds must bring ``min_rate`` bytes
@@ -42,8 +52,6 @@ RATE_WINDOW = 5.0
 #: At most this many refusals (at the cap) are written at once; beyond, connections are
 #: closed at once.
 MAX_REFUSING = 64
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_NO_BODY_STATUSES = frozenset({204, 304})
 #: What a stream raises once the client has gone.
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
@@ -189,10 +197,10 @@ class HttpServer:
 
     # -- one connection ---------------------------------------------------------------------
     async def _serve_connection(self, conn: Connection, stream: trio.SocketStream) -> None:
-        h = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        reader = RequestReader(self.limits.max_header_bytes)
         try:
             with conn.scope:
-                await self._requests(conn, h, stream)
+                await self._requests(conn, reader, stream)
         except _GONE:
             pass  # the client went away
         except Exception as exc:  # a bug: this connection ends, nothing else does
@@ -200,12 +208,12 @@ class HttpServer:
             log.error("connection failed", error_id=error_id, exc_info=exc)
             with trio.move_on_after(LAST_WORDS) as scope:
                 scope.shield = True
-                await self._answer(h, stream, _internal_error(error_id))
+                await self._answer(conn, reader, stream, _internal_error(error_id))
         finally:
             self._conns.remove(conn)
             await trio.aclose_forcefully(stream)
 
-    async def _requests(self, conn: Connection, h: h11.Connection, stream: Any) -> None:
+    async def _requests(self, conn: Connection, reader: RequestReader, stream: Any) -> None:
         limits = self.limits
         served = 0
         deadline = trio.current_time() + limits.header_timeout
@@ -213,96 +221,82 @@ class HttpServer:
         while True:
             try:
                 if event is None:
-                    event = await self._next_event(h, stream, deadline, conn)
+                    event = await self._next_event(reader, stream, deadline, conn)
             except _Timeout as exc:
                 if exc.partial:
-                    await self._answer(h, stream, _timeout("request head too slow"))
+                    await self._answer(conn, reader, stream, _timeout("request head too slow"))
                 return
-            except h11.RemoteProtocolError as exc:
-                await self._answer(h, stream, _protocol_error(exc))
+            except ProtocolError as exc:
+                await self._answer(conn, reader, stream, _protocol_error(exc))
                 return
-            if isinstance(event, h11.ConnectionClosed):
+            if event is CLOSED:
                 return
-            assert isinstance(event, h11.Request), event
+            assert isinstance(event, RequestHead), event
             request, event = event, None
             self._conns.move(conn, "body")
             served += 1
             self._handling += 1
             try:
-                resp = await self._handle(conn, h, stream, request)
+                resp = await self._handle(conn, reader, stream, request)
             except _Refused as refused:
-                await self._answer(h, stream, refused.response, request.method)
+                await self._answer(conn, reader, stream, refused.response, request.method)
                 return
             finally:
                 self._handling -= 1
                 if self.draining and self._handling == 0:
                     self._handled_all.set()
-            close = (
-                self.draining or served >= limits.keep_alive_requests or not _keeps_alive(request)
-            )
-            if not await self._send_response(h, stream, request.method, resp, close):
+            close = self.draining or served >= limits.keep_alive_requests or not request.keep_alive
+            if not await self._send_response(conn, stream, request.method, resp, close):
                 return
-            if close or h.our_state is h11.MUST_CLOSE or self.draining:
+            if close or self.draining:
                 return
-            h.start_next_cycle()
             self._conns.move(conn, "idle")
             try:
-                event = h.next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._answer(h, stream, _protocol_error(exc))
+                event = reader.next_event()
+            except ProtocolError as exc:
+                await self._answer(conn, reader, stream, _protocol_error(exc))
                 return
-            if event is h11.NEED_DATA:
+            if event is NEED_DATA:
                 event = None
                 # Idle: the next request's first byte within the keep-alive time.
                 with trio.move_on_after(limits.keep_alive_timeout) as idle:
-                    h.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                    reader.feed(await stream.receive_some(RECEIVE_SIZE))
                 if idle.cancelled_caught:
                     return
                 self._conns.move(conn, "head")
             deadline = trio.current_time() + limits.header_timeout
 
     async def _handle(
-        self, conn: Connection, h: h11.Connection, stream: Any, request: h11.Request
+        self, conn: Connection, reader: RequestReader, stream: Any, request: RequestHead
     ) -> Response:
         """Read the body and ask the front. ``_Refused`` if the request must not run.
 
         Until the body is whole the connection still waits for its client, and may be closed
         to make room (``Connections.shed_one``); from then on it waits for the host, and is kept."""
         host = self.host
-        if request.http_version not in (b"1.1", b"1.0"):
-            raise _Refused(error_response(505, "HTTPVersionNotSupported", "HTTP/1.1 only"))
         if self.draining:
             raise _Refused(_HOST_CLOSED)
-        length: int | None = None
-        headers: list[tuple[str, str]] = []
-        # h11 bounds a head that arrives in pieces; one that arrives whole is measured here.
-        size = len(request.method) + len(request.target) + 12
-        for key, value in request.headers:
-            name = key.decode("latin-1")
-            if name == "content-length":
-                length = int(value)  # h11 checked that it is a number
-            headers.append((name, value.decode("latin-1")))
-            size += len(key) + len(value) + 4
-        if size > self.limits.max_header_bytes:
+        # The reader bounds a head that arrives in pieces; a whole one is measured here.
+        if request.size > self.limits.max_header_bytes:
             raise _Refused(error_response(431, "HeadersTooLarge", "request head too large"))
+        length = request.content_length
         if length is not None and length > host.max_body:
             raise _Refused(_too_large(host))
         try:
-            body = await self._read_body(conn, h, stream, length)
+            body = await self._read_body(conn, reader, stream, length)
         except _Timeout:
             raise _Refused(_timeout("request body too slow")) from None
-        except h11.RemoteProtocolError as exc:
+        except ProtocolError as exc:
             raise _Refused(_protocol_error(exc)) from None
         finally:
             host.inflight.give(conn.held)  # the front takes the whole body's share itself
             conn.held = 0
         self._conns.move(conn, "busy")
-        target = request.target.decode("latin-1")
-        path, _, query = target.partition("?")
-        return await self.front.handle(request.method.decode("ascii"), path, query, headers, body)
+        path, _, query = request.target.partition("?")
+        return await self.front.handle(request.method, path, query, request.headers, body)
 
     async def _read_body(
-        self, conn: Connection, h: h11.Connection, stream: Any, length: int | None
+        self, conn: Connection, reader: RequestReader, stream: Any, length: int | None
     ) -> bytes:
         """The request body, in time, taking its share of the in-flight budget as it arrives
         (``conn.held``): a declared length costs nothing until the bytes come.
@@ -313,9 +307,9 @@ class HttpServer:
         """
         limits = self.limits
         host = self.host
-        if h.client_is_waiting_for_100_continue:
-            continue_ = h11.InformationalResponse(status_code=100, headers=[])
-            await self._send_all(stream, h.send(continue_))
+        if reader.waiting_for_continue:
+            reader.waiting_for_continue = False
+            await self._send_all(stream, CONTINUE)
         chunks: list[bytes] = []
         conn.window_start = trio.current_time()
         conn.window_base = 0
@@ -323,7 +317,7 @@ class HttpServer:
         need = limits.min_rate * limits.transfer_grace  # in the first window
         while True:
             try:
-                event = await self._next_event(h, stream, window_end)
+                event = await self._next_event(reader, stream, window_end)
             except _Timeout:
                 left = need if length is None else min(need, length - conn.held)
                 if conn.held - conn.window_base < left:
@@ -332,28 +326,28 @@ class HttpServer:
                 window_end += RATE_WINDOW
                 need = limits.min_rate * RATE_WINDOW
                 continue
-            if isinstance(event, h11.Data):
-                size = conn.held + len(event.data)
+            if type(event) is bytes:
+                size = conn.held + len(event)
                 if size > host.max_body:
                     raise _Refused(_too_large(host))
-                if not host.inflight.take(len(event.data)):
+                if not host.inflight.take(len(event)):
                     raise _Refused(_NO_MEMORY)
                 conn.held = size
-                chunks.append(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+                chunks.append(event)
+            elif event is END:
                 return b"".join(chunks)
-            else:  # ConnectionClosed
-                raise trio.BrokenResourceError("the client left mid-body")
+            else:  # the reader raises before it could say anything else mid-body
+                raise AssertionError(f"unexpected {event!r} in a body")
 
     async def _next_event(
-        self, h: h11.Connection, stream: Any, deadline: float, conn: Connection | None = None
+        self, reader: RequestReader, stream: Any, deadline: float, conn: Connection | None = None
     ) -> Any:
-        """h11's next event, receiving until ``deadline`` (``_Timeout``). With ``conn``, the
-        first bytes of a request move it to "head"."""
+        """The reader's next event, receiving until ``deadline`` (``_Timeout``). With ``conn``,
+        the first bytes of a request move it to "head"."""
         partial = False
         while True:
-            event = h.next_event()
-            if event is not h11.NEED_DATA:
+            event = reader.next_event()
+            if event is not NEED_DATA:
                 return event
             with trio.move_on_at(deadline):
                 data = await stream.receive_some(RECEIVE_SIZE)
@@ -361,39 +355,29 @@ class HttpServer:
                     partial = True
                     if conn is not None and conn.stage in ("fresh", "idle"):
                         self._conns.move(conn, "head")
-                h.receive_data(data)
+                reader.feed(data)
                 continue
             raise _Timeout(partial)
 
     # -- writing ----------------------------------------------------------------------------
     async def _send_response(
-        self, h: h11.Connection, stream: Any, method: bytes, resp: Response, close: bool
+        self, conn: Connection, stream: Any, method: str, resp: Response, close: bool
     ) -> bool:
         """Write ``resp``; False if the client did not take it in time."""
-        status = resp.status
-        body = resp.body
-        headers = [
-            (k, v)
-            for k, v in resp.headers.items()
-            if k not in ("content-length", "connection", "transfer-encoding")
-        ]
-        if status not in _NO_BODY_STATUSES:
-            headers.append(("content-length", str(len(body))))
-        if close:
-            headers.append(("connection", "close"))
         try:
-            event = h11.Response(
-                status_code=status, headers=headers, reason=_REASONS.get(status, b"")
+            head_only = method == "HEAD"
+            data = encode_response(
+                resp.status, resp.headers.items(), resp.body, head_only=head_only, close=close
             )
-        except h11.LocalProtocolError as exc:  # a status or header HTTP cannot carry
+        except ValueError as exc:  # a status or header HTTP cannot carry
             error_id = self.host.error_id()
-            log.error("invalid response", error_id=error_id, status=status, error=str(exc))
-            return await self._send_response(h, stream, method, _internal_error(error_id), close)
-        parts = [h.send(event) or b""]
-        if body and method != b"HEAD" and status not in _NO_BODY_STATUSES:
-            parts.append(h.send(h11.Data(data=body)) or b"")
-        parts.append(h.send(h11.EndOfMessage()) or b"")
-        return await self._send_all(stream, b"".join(parts))
+            log.error("invalid response", error_id=error_id, status=resp.status, error=str(exc))
+            return await self._send_response(conn, stream, method, _internal_error(error_id), close)
+        conn.replying = True
+        if not await self._send_all(stream, data):
+            return False
+        conn.replying = False
+        return True
 
     async def _send_all(self, stream: Any, data: bytes) -> bool:
         limits = self.limits
@@ -403,29 +387,27 @@ class HttpServer:
         return False
 
     async def _answer(
-        self, h: h11.Connection, stream: Any, resp: Response, method: bytes = b"GET"
+        self,
+        conn: Connection,
+        reader: RequestReader,
+        stream: Any,
+        resp: Response,
+        method: str = "GET",
     ) -> None:
         """Answer ``resp`` and close, if a reply can still be written on this connection.
 
         A client still sending its body would get a reset instead of the answer if the socket
         closed with its bytes unread: so read and drop them for a moment first (a lingering
         close)."""
-        if h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if conn.replying:  # a reply was cut off: nothing can follow it
             return
-        mid_body = h.their_state is h11.SEND_BODY
+        mid_body = reader.in_body
         with trio.move_on_after(LAST_WORDS), contextlib.suppress(*_GONE):
-            await self._send_response(h, stream, method, resp, True)
+            await self._send_response(conn, stream, method, resp, True)
             if mid_body:
                 await stream.send_eof()
                 while await stream.receive_some(RECEIVE_SIZE):
                     pass
-
-
-def _keeps_alive(request: h11.Request) -> bool:
-    for key, value in request.headers:
-        if key == b"connection":
-            return b"close" not in value.lower()
-    return request.http_version == b"1.1"
 
 
 def _too_large(host: Host) -> Response:
@@ -436,8 +418,11 @@ def _timeout(message: str) -> Response:
     return error_response(408, "RequestTimeout", message)
 
 
-def _protocol_error(exc: h11.RemoteProtocolError) -> Response:
-    return error_response(exc.error_status_hint, "BadRequest", f"malformed HTTP: {exc}")
+_PROTOCOL_ERRORS = {431: "HeadersTooLarge", 505: "HTTPVersionNotSupported"}
+
+
+def _protocol_error(exc: ProtocolError) -> Response:
+    return error_response(exc.status, _PROTOCOL_ERRORS.get(exc.status, "BadRequest"), exc.message)
 
 
 def _internal_error(error_id: str) -> Response:
