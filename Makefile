@@ -36,6 +36,8 @@ test: $(VENV)/.test-deps lint
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test-deps
+	@command -v wrk >/dev/null || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+		$$sudo apt-get install -y -qq wrk >/dev/null; }
 	$(BIN)/python bench/rpc.py
 	$(BIN)/python bench/http.py
 	$(BIN)/python bench/durable.py

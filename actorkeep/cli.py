@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import gc
 import importlib
 import logging
 import os
@@ -182,6 +183,10 @@ async def serve(
                 await nursery.start(
                     functools.partial(serve_http, host, listeners, limits, until=until_signal)
                 )
+                # What the app, the runtime and their imports made lives as long as the
+                # process: out of the collector's sight, a full collection scans only what was
+                # made since (29 ms pauses under load down to under 2; decision 0019).
+                gc.freeze()
                 log.info(
                     "actorkeep serving",
                     app=app_spec,

@@ -109,9 +109,12 @@ def encode(value: Any, encoding: Encoding) -> bytes:
         raise TypeError(str(exc)) from None
 
 
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def json_dumps(value: Any) -> bytes:
     """Compact strict JSON; ``ValueError`` for NaN and infinities (JSON has no such numbers)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return _JSON_ENCODER.encode(value).encode()
 
 
 def _finite(text: str) -> float:
@@ -125,6 +128,9 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_JSON_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
 def json_loads(body: bytes | str, max_values: int = MAX_VALUES) -> Any:
     """Strict JSON: NaN, Infinity and numbers that overflow a float are refused, and so are
     bodies nested deeper than the interpreter's recursion limit or holding more than
@@ -135,9 +141,16 @@ def json_loads(body: bytes | str, max_values: int = MAX_VALUES) -> Any:
 
 def json_loads_counted(body: bytes | str, max_values: int = MAX_VALUES) -> tuple[Any, int]:
     """``json_loads`` and a count of the values, as ``unpack_counted``."""
-    bound = json_values_bound(body.encode() if isinstance(body, str) else body)
+    if isinstance(body, str):
+        bound = json_values_bound(body.encode())
+        if body.startswith("\ufeff"):  # as json.loads does
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", body, 0)
+        text = body
+    else:
+        bound = json_values_bound(body)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads does
     try:
-        value = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+        value = _JSON_DECODER.decode(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
     if bound <= max_values // 16:  # small: the bound is close enough, and cheap

@@ -4,10 +4,9 @@ otherwise write: Starlette on uvicorn, under wrk.
 The sides, each a server process of its own on 127.0.0.1, all answering
 ``POST /bench/hello/_rpc/hello`` with the JSON body ``{}``:
 
-- actorkeep: ``actorkeep.front.serve_http`` with the limits of ``actorkeep serve`` (so a
-  connection is closed after 1,000 requests and wrk reconnects), over a ``Host`` on
-  ``FileStorage``; the request reaches ``@rpc hello`` of the actor ``bench/hello``, which
-  answers the JSON string ``"hello"``;
+- actorkeep: ``actorkeep serve bench.http:app`` as a user runs it (its defaults: a connection
+  is closed after 1,000 requests and wrk reconnects); the request reaches ``@rpc hello`` of
+  the actor ``bench/hello``, which answers the JSON string ``"hello"``;
 - starlette: a Starlette route that reads the body, parses it as JSON and answers
   ``JSONResponse("hello")``, on uvicorn with h11 and asyncio (the target's baseline);
 - hypercorn: a bare hello-world ASGI app (reads the body, answers ``hello``) on hypercorn's
@@ -61,7 +60,8 @@ from bench.procs import LOOPBACK, free_port, stop_process
 
 TARGET = 1.0
 CONNS = (1, 16, 64)
-BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
+REPO = Path(__file__).resolve().parent.parent
+BENCH_TMP = REPO / ".bench-tmp"
 PATH = "/bench/hello/_rpc/hello"
 BODY = "{}"
 WRK_SCRIPT = f"""
@@ -140,8 +140,8 @@ def available_sides() -> list[str]:
     return [s for s in SIDES if s != "uvicorn-fast" or fast]
 
 
-def serve(kind: str, port: int, data: Path) -> None:
-    """Serve one side until SIGTERM/SIGINT."""
+def serve(kind: str, port: int) -> None:
+    """Serve a baseline until SIGTERM/SIGINT."""
     if kind in ("starlette", "uvicorn-fast"):
         import uvicorn
 
@@ -157,31 +157,24 @@ def serve(kind: str, port: int, data: Path) -> None:
         )
         uvicorn.Server(config).run()
         return
-    trio.run(_serve_trio, kind, port, data)
+    trio.run(_serve_hypercorn, port)
 
 
-async def _serve_trio(kind: str, port: int, data: Path) -> None:
+async def _serve_hypercorn(port: int) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
             async for _ in signals:
                 return
 
-        if kind == "hypercorn":
-            from hypercorn.config import Config
-            from hypercorn.trio import serve as hypercorn_serve
+        from hypercorn.config import Config
+        from hypercorn.trio import serve as hypercorn_serve
 
-            config = Config()
-            config.bind = [f"{LOOPBACK}:{port}"]
-            config.accesslog = None
-            config.errorlog = None
-            await hypercorn_serve(cast(Any, bare_app), config, shutdown_trigger=until_signal)
-            return
-        from actorkeep.front import ServerLimits, serve_http
-
-        host = ak.Host(app, ak.FileStorage(data))
-        listeners = await trio.open_tcp_listeners(port, host=LOOPBACK)
-        await serve_http(host, listeners, ServerLimits(), until=until_signal)
+        config = Config()
+        config.bind = [f"{LOOPBACK}:{port}"]
+        config.accesslog = None
+        config.errorlog = None
+        await hypercorn_serve(cast(Any, bare_app), config, shutdown_trigger=until_signal)
 
 
 @dataclass
@@ -198,11 +191,19 @@ class Server:
 
 
 def start_server(kind: str, data: Path) -> Server:
-    """Start ``python bench/http.py --serve KIND`` and wait until it answers."""
+    """Start ``actorkeep serve`` or ``python bench/http.py --serve KIND``; wait until it
+    answers."""
     port = free_port()
+    if kind == "actorkeep":
+        command = [sys.executable, "-m", "actorkeep", "serve", "bench.http:app"]
+        command += ["--data", str(data), "--host", LOOPBACK, "--port", str(port)]
+    else:
+        command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind, "--port", str(port), "--data", str(data)],
+        command,
         stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if kind == "actorkeep" else None,  # its start-up log
+        cwd=REPO,
     )
     server = Server(kind, port, proc)
     deadline = time.monotonic() + 30.0
@@ -267,13 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="runs per side and count")
     parser.add_argument("--seconds", type=int, default=None, help="length of one wrk run")
-    parser.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=SIDES[1:], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--data", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.serve:
-        serve(args.serve, args.port, Path(args.data))
+        serve(args.serve, args.port)
         return
     if shutil.which("wrk") is None:
         sys.exit("bench/http.py needs wrk (Debian: apt-get install wrk; `make bench` does it)")
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
             servers: list[Server] = []
             try:
                 for kind in sides:
-                    servers.append(start_server(kind, Path(tmp)))
+                    servers.append(start_server(kind, Path(tmp) / "data"))
                 for server in servers:  # warm up: imports, the actor's first event
                     wrk(server.url, script, 16, 1 if args.quick else 2)
                 for i in range(rounds):

@@ -246,8 +246,7 @@ class HttpServer:
                 if self.draining and self._handling == 0:
                     self._handled_all.set()
             close = self.draining or served >= limits.keep_alive_requests or not request.keep_alive
-            if not await self._send_response(conn, stream, request.method, resp, close):
-                return
+            await self._send_response(conn, stream, request.method, resp, close)
             if close or self.draining:
                 return
             self._conns.move(conn, "idle")
@@ -258,11 +257,14 @@ class HttpServer:
                 return
             if event is NEED_DATA:
                 event = None
-                # Idle: the next request's first byte within the keep-alive time.
-                with trio.move_on_after(limits.keep_alive_timeout) as idle:
-                    reader.feed(await stream.receive_some(RECEIVE_SIZE))
-                if idle.cancelled_caught:
-                    return
+                # Idle: the next request's first byte within the keep-alive time, or the
+                # connection's scope ends it (a deadline costs less than a scope per request).
+                conn.scope.deadline = trio.current_time() + limits.keep_alive_timeout
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                finally:
+                    conn.scope.deadline = math.inf
+                reader.feed(data)
                 self._conns.move(conn, "head")
             deadline = trio.current_time() + limits.header_timeout
 
@@ -309,7 +311,7 @@ class HttpServer:
         host = self.host
         if reader.waiting_for_continue:
             reader.waiting_for_continue = False
-            await self._send_all(stream, CONTINUE)
+            await self._send_all(conn, stream, CONTINUE)
         chunks: list[bytes] = []
         conn.window_start = trio.current_time()
         conn.window_base = 0
@@ -362,8 +364,8 @@ class HttpServer:
     # -- writing ----------------------------------------------------------------------------
     async def _send_response(
         self, conn: Connection, stream: Any, method: str, resp: Response, close: bool
-    ) -> bool:
-        """Write ``resp``; False if the client did not take it in time."""
+    ) -> None:
+        """Write ``resp`` (``_send_all``)."""
         try:
             head_only = method == "HEAD"
             data = encode_response(
@@ -374,17 +376,20 @@ class HttpServer:
             log.error("invalid response", error_id=error_id, status=resp.status, error=str(exc))
             return await self._send_response(conn, stream, method, _internal_error(error_id), close)
         conn.replying = True
-        if not await self._send_all(stream, data):
-            return False
+        await self._send_all(conn, stream, data)
         conn.replying = False
-        return True
 
-    async def _send_all(self, stream: Any, data: bytes) -> bool:
+    async def _send_all(self, conn: Connection, stream: Any, data: bytes) -> None:
+        """Write ``data``: a client that does not take it in time (``transfer_grace`` and
+        ``min_rate``) ends the connection, through the deadline of its scope."""
         limits = self.limits
-        with trio.move_on_after(limits.transfer_grace + len(data) / limits.min_rate):
+        conn.scope.deadline = (
+            trio.current_time() + limits.transfer_grace + len(data) / limits.min_rate
+        )
+        try:
             await stream.send_all(data)
-            return True
-        return False
+        finally:
+            conn.scope.deadline = math.inf
 
     async def _answer(
         self,
