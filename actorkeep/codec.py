@@ -69,6 +69,29 @@ def pack(value: Any) -> bytes:
 unpack: Callable[[bytes], Any] = functools.partial(msgpack.unpackb, raw=False)
 
 
+_COPIED_AS_IS = frozenset({float, bool, bytes, type(None)})
+
+
+def copy_args(args: dict[str, Any]) -> dict[str, Any]:
+    """What ``unpack(pack(args))`` gives: the callee's own copy of a call's arguments. An
+    argument map of plain scalars (and ASCII names) is copied without the round trip."""
+    for key, value in args.items():
+        kind = type(value)
+        if type(key) is not str or not key.isascii():
+            break
+        if kind is int:
+            if not -(1 << 63) <= value < 1 << 64:  # msgpack's range: pack raises beyond
+                break
+        elif kind is str:
+            if not value.isascii():  # may hold what UTF-8 cannot carry (lone surrogates)
+                break
+        elif kind not in _COPIED_AS_IS:
+            break
+    else:
+        return dict(args)
+    return unpack(pack(args))  # type: ignore[no-any-return]
+
+
 def unpack_counted(data: bytes, max_values: int = MAX_VALUES) -> tuple[Any, int]:
     """Decode msgpack and count its values; ``ValueError`` past ``max_values`` (checked while
     decoding, so a body of a million empty maps stops after ``max_values`` of them)."""

@@ -11,7 +11,7 @@ by the actor's own call path (``self.actors.call``), with the frames of ``actork
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -182,30 +182,59 @@ class Client:
     ) -> Page:
         """Live entries whose key starts with ``prefix`` and is greater than ``after``.
 
-        Asks every shard and merges in key byte order. A short page is not the end; only
-        ``cursor is None`` is.
+        Merges the shards in key byte order, fetching from each only about its share of the
+        page: a full page unless the listing ends there (``cursor is None``).
         """
-        frame = wire.LIST.frame(prefix=prefix, after=after, limit=limit)
-        replies: list[dict[str, Any]] = [{} for _ in self._addresses]
+        checked = wire.LIST.check({"prefix": prefix, "after": after, "limit": limit})
+        prefix, limit = checked["prefix"], checked["limit"]
+        # Keys spread evenly over the shards: twice a shard's share of the page, so that one
+        # round of asks nearly always fills it.
+        batch = min(2 * limit // self.shards + 2, wire.MAX_LIMIT)
+        rows: list[list[Any]] = []
+        asks: list[tuple[int, bytes | None]] = [(i, checked["after"]) for i in range(self.shards)]
+        waiting: dict[int, bytes] = {}  # the shards that have more rows: where each stopped
+        while True:
+            frames = [(i, wire.LIST.pack(prefix=prefix, after=a, limit=batch)) for i, a in asks]
+            for (i, _), reply in zip(asks, await self._ask_shards(frames), strict=True):
+                entries = reply["entries"]
+                rows.extend(entries)
+                if reply["more"] and entries:
+                    waiting[i] = entries[-1][0]
+                else:
+                    waiting.pop(i, None)
+            if not waiting:
+                known = rows
+                break
+            # Up to the lowest key a shard with more rows stopped at, every row is known.
+            bound = min(waiting.values())
+            known = [row for row in rows if row[0] <= bound]
+            if len(known) > limit:
+                break
+            asks = [(i, stop) for i, stop in waiting.items() if stop == bound]
+        known.sort(key=lambda row: row[0])
+        more = len(known) > limit
+        entries = [Entry(r[0], r[1], r[2], _seconds(r[3])) for r in known[:limit]]
+        return Page(entries, entries[-1].key if more else None)
+
+    async def _ask_shards(self, asks: Sequence[tuple[int, bytes]]) -> Sequence[dict[str, Any]]:
+        """``LIST`` frames to shards, all at once; their replies in the same order. The first
+        error is raised as itself, and the other asks are cancelled."""
+        replies: list[dict[str, Any]] = [{} for _ in asks]
         errors: list[Exception] = []
 
-        async def ask(i: int, cancel_scope: trio.CancelScope) -> None:
+        async def ask(n: int, shard: int, frame: bytes, cancel_scope: trio.CancelScope) -> None:
             try:
-                replies[i] = await self._call_shard(self._addresses[i], wire.LIST, frame)
+                replies[n] = await self._call_shard(self._addresses[shard], wire.LIST, frame)
             except Exception as exc:  # raised below as itself, not in an ExceptionGroup
                 errors.append(exc)
                 cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
-            for i in range(self.shards):
-                nursery.start_soon(ask, i, nursery.cancel_scope)
+            for n, (shard, frame) in enumerate(asks):
+                nursery.start_soon(ask, n, shard, frame, nursery.cancel_scope)
         if errors:
             raise errors[0]
-        rows = [row for reply in replies for row in reply["entries"]]
-        rows.sort(key=lambda row: row[0])
-        more = len(rows) > limit or any(reply["more"] for reply in replies)
-        entries = [Entry(r[0], r[1], r[2], _seconds(r[3])) for r in rows[:limit]]
-        return Page(entries, entries[-1].key if more and entries else None)
+        return replies
 
     # -- writes ---------------------------------------------------------------------------
     async def put(

@@ -42,6 +42,34 @@ def _checked(key: bytes, value: bytes, version: int, expires_at: int | None, sto
         raise ak.StorageDamaged(f"the KV row of key {key[:64]!r} fails its checksum")
 
 
+def list_query(
+    prefix: bytes, after: bytes | None, limit: int, now_ms: int
+) -> tuple[str, list[Any]]:
+    """The statement of a ``list`` page: live rows of ``prefix`` above ``after``, in key
+    order, one more than ``limit`` (to tell whether there are more)."""
+    # One lower bound, the higher of the two: given both, SQLite seeks to one and scans from
+    # there, so that a page deep into a prefix cost as many rows as lay before it.
+    clauses = ["(expires_at IS NULL OR expires_at > ?)"]
+    params: list[Any] = [now_ms]
+    if after is not None and after >= prefix:
+        clauses.append("key > ?")
+        params.append(after)
+    else:  # every key of the prefix is greater than an ``after`` below it
+        clauses.append("key >= ?")
+        params.append(prefix)
+    end = prefix_end(prefix)
+    if end is not None:
+        clauses.append("key < ?")
+        params.append(end)
+    params.append(min(limit, wire.MAX_LIMIT) + 1)
+    where = " AND ".join(clauses)
+    return (
+        f"SELECT key, value, version, expires_at, sum FROM actorkeep_kv WHERE {where} "
+        "ORDER BY key LIMIT ?",
+        params,
+    )
+
+
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key that starts with ``prefix`` (None: no bound)."""
     stripped = prefix.rstrip(b"\xff")
@@ -143,22 +171,8 @@ class KVShard(ak.Actor):
         prefix: bytes = frame["prefix"]
         after: bytes | None = frame["after"]
         limit: int = frame["limit"]
-        clauses = ["(expires_at IS NULL OR expires_at > ?)", "key >= ?"]
-        params: list[Any] = [self._now_ms(), prefix]
-        end = prefix_end(prefix)
-        if end is not None:
-            clauses.append("key < ?")
-            params.append(end)
-        if after is not None:
-            clauses.append("key > ?")
-            params.append(after)
-        params.append(min(limit, wire.MAX_LIMIT) + 1)
-        rows = self.sql.exec(
-            "SELECT key, value, version, expires_at, sum FROM actorkeep_kv WHERE "
-            + " AND ".join(clauses)
-            + " ORDER BY key LIMIT ?",
-            params,
-        ).fetchall()
+        sql, params = list_query(prefix, after, limit, self._now_ms())
+        rows = self.sql.exec(sql, params).fetchall()
         more = len(rows) > limit
         entries = []
         crc32, pack = zlib.crc32, _ROW_NUMBERS.pack  # row_sum, inlined: it runs per row

@@ -28,7 +28,8 @@ def run_quick(name: str, timeout: float) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["rpc", pytest.param("http", marks=pytest.mark.slow), "durable", "kv", "queue"]
+    "name",
+    ["rpc", pytest.param("http", marks=pytest.mark.slow), "durable", "kv", "kv_list", "queue"],
 )
 def test_bench_quick_run(name: str) -> None:
     out = run_quick(name, timeout=60)

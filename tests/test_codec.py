@@ -6,6 +6,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actorkeep import codec, wire
 
@@ -30,3 +32,39 @@ def test_a_reply_with_a_field_the_operation_does_not_answer_is_refused() -> None
     assert op.reply(good) == {"outcomes": []}
     with pytest.raises(ValueError, match="malformed reply"):
         op.reply(codec.pack({"outcomes": [], "zz": 1}))
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.binary(),
+)
+_arguments = st.dictionaries(
+    st.text(max_size=6),
+    st.one_of(_scalars, st.lists(_scalars, max_size=3), st.dictionaries(st.text(), _scalars)),
+    max_size=5,
+)
+
+
+@given(_arguments)
+def test_copy_args_is_the_round_trip_it_stands_for(args: dict[str, Any]) -> None:
+    try:
+        expected: Any = codec.unpack(codec.pack(args))
+    except Exception as exc:  # what the round trip refuses, the copy refuses the same way
+        with pytest.raises(type(exc)):
+            codec.copy_args(args)
+        return
+    copied = codec.copy_args(args)
+    assert copied == expected and copied is not args
+    assert [type(v) for v in copied.values()] == [type(v) for v in expected.values()]
+
+
+def test_copy_args_copies_what_the_callee_could_change() -> None:
+    inner = [1, 2]
+    copied = codec.copy_args({"xs": inner, "n": 1})
+    copied["xs"].append(3)
+    assert inner == [1, 2]
+    assert codec.copy_args({"t": (1, 2)}) == {"t": [1, 2]}  # as msgpack gives it

@@ -264,3 +264,16 @@ def test_responses_are_framed_here_and_what_http_cannot_carry_is_refused() -> No
             encode_response(200, [(name, val)], b"", head_only=False, close=False)
     with pytest.raises(ValueError):
         encode_response(200, [("x", "caf\u00e9\u20ac")], b"", head_only=False, close=False)
+
+
+def test_http_1_0_closes_after_one_request_and_1_1_keeps_alive_unless_told() -> None:
+    for wire, keeps in [
+        (b"GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n", False),
+        (b"GET / HTTP/1.1\r\nhost: t\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n", False),
+    ]:
+        reader = RequestReader(16384)
+        reader.feed(wire)
+        head = reader.next_event()
+        assert isinstance(head, RequestHead)
+        assert head.keep_alive is keeps, wire

@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import actorkeep as ak
+import shards
 from actorkeep.testing import open_host
 from actorkeep.wire import kv as kv_wire
-from shards.kv import EXPIRY_BATCH, VERSION_BLOCK, prefix_end
+from shards.kv import EXPIRY_BATCH, VERSION_BLOCK, list_query, prefix_end
 
 from .conftest import sqlite_files
 from .kvutil import SHARDS, kvop, make_app
@@ -423,3 +424,91 @@ def test_frame_decoder_checks_every_field(op: str, fields: dict[str, Any]) -> No
         assert isinstance(frame["expect"], int) and frame["expect"] >= 0
     if "limit" in frame:
         assert 1 <= frame["limit"] <= 1000
+
+
+class CountingShard(shards.KVShard):
+    """A shard that counts the rows its ``list`` returns."""
+
+    returned = 0
+
+    @kv_wire.LIST.handler
+    def list(self, frame: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = shards.KVShard.list.__wrapped__(self, frame)  # type: ignore[attr-defined]
+        CountingShard.returned += len(reply["entries"])
+        return reply
+
+
+@pytest.mark.parametrize("limit", [1, 7, 100, 1000])
+async def test_a_listing_fetches_about_its_own_size_from_the_shards(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, limit: int
+) -> None:
+    app = ak.App()
+    app.mount(CountingShard, "kv", access="internal")
+    kv = ak.kv.Client("kv", shards=16)
+
+    class Lister(ak.Actor):
+        @ak.rpc
+        async def fill(self, n: int) -> None:
+            for i in range(n):
+                await kv.put(f"k/{i:05d}", b"v", local=True)
+
+        @ak.rpc
+        async def pages(self, limit: int) -> list[int]:
+            sizes: list[int] = []
+            after = None
+            while True:
+                page = await kv.list("k/", after=after, limit=limit)
+                sizes.append(len(page.entries))
+                if page.cursor is None:
+                    return sizes
+                after = page.cursor
+
+    app.mount(Lister, "lister")
+    keys = 3000
+    async with open_host(app, data_dir) as host:
+        filled = await host.request("POST", "/lister/a/_rpc/fill", json={"n": keys})
+        assert filled.status == 200, filled.body
+        CountingShard.returned = 0
+        listed = await host.request("POST", "/lister/a/_rpc/pages", json={"limit": limit})
+        assert listed.status == 200, listed.body
+        sizes: list[int] = listed.json()
+    assert sum(sizes) == keys
+    assert all(size == limit for size in sizes[:-1])  # every page full but the last
+    # A shard's share of each page, twice over, and two rows a shard for small pages.
+    assert CountingShard.returned <= 2 * keys + 3 * 16 * len(sizes), CountingShard.returned
+
+
+def test_a_page_deep_into_a_prefix_costs_what_the_first_one_does() -> None:
+    """``list_query`` seeks to ``after``: counted in SQLite's own steps (its progress
+    handler), page 200 of a prefix costs about what page 1 does."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute(
+        "CREATE TABLE actorkeep_kv (key BLOB PRIMARY KEY, value BLOB NOT NULL, "
+        "version INTEGER NOT NULL, expires_at INTEGER, sum INTEGER) WITHOUT ROWID"
+    )
+    conn.execute(
+        "CREATE INDEX actorkeep_kv_expiry ON actorkeep_kv (expires_at) WHERE expires_at IS NOT NULL"
+    )
+    conn.executemany(
+        "INSERT INTO actorkeep_kv VALUES (?, 'v', 1, NULL, NULL)",
+        [(b"p/%06d" % i,) for i in range(20_000)] + [(b"o/%06d" % i,) for i in range(100)],
+    )
+
+    def steps(after: bytes | None) -> int:
+        count = 0
+
+        def tick() -> int:
+            nonlocal count
+            count += 1
+            return 0
+
+        conn.set_progress_handler(tick, 10)
+        sql, params = list_query(b"p/", after, 100, 0)
+        rows = conn.execute(sql, params).fetchall()
+        conn.set_progress_handler(None, 10)
+        assert len(rows) == 101 and rows[0][0] > (after or b"")
+        return count
+
+    first, deep = steps(None), steps(b"p/%06d" % 19_800)
+    assert deep <= 2 * first, (first, deep)
+    assert steps(b"a") <= 2 * first  # an ``after`` below the prefix: its start

@@ -255,7 +255,7 @@ class RequestReader:
             target,
             version,
             self._head,
-            parser.should_keep_alive(),
+            version == "1.1" and parser.should_keep_alive(),  # 1.0: one request, as h11 did
             length,
             self._size + len(method) + len(target),
         )

@@ -394,7 +394,7 @@ class Host:
         if rpc is None:
             no_route = f"{actor_class.name} has no route POST /_rpc/{method}"
             raise RemoteError(404, "NotFound", no_route)
-        copied = codec.unpack(codec.pack(args))  # the callee gets its own copy, as over HTTP
+        copied = codec.copy_args(args)  # the callee gets its own copy, as over HTTP
         try:
             rpc.check_args(copied)
         except ValueError as exc:
