@@ -5,20 +5,22 @@ producers vs queues.
    ``FileStorage`` (fsync in a worker thread), vs raw ``sqlite3`` inserting the same rows into
    the same schema (``queues.queue.SCHEMA``) in one transaction, WAL, synchronous=FULL.
    Rows per second. Target >= 0.5x.
-2. Push delivery end to end: a producer actor sends N messages (with ``send_batch`` of 100, and
-   again one durable ``send`` each) to a queue whose consumer (``@ak.queue.consumer``, batch
-   10) acks them; the clock runs from the first send to the last ack. The target applies to
-   the batched feed (decision 0008); single sends are reported next to this disk's sequential
-   write+fdatasync rate, which bounds a producer that waits for each durable send.
-   Baseline: huey with ``SqliteHuey(fsync=True)``, its consumer started in this process with
-   one worker thread (like the one consumer actor) and short polling (1 ms), enqueuing the same
-   N tasks one by one (huey has no batch enqueue) and running them; from the first enqueue to
-   the last task done. Messages per second. Target >= 3x.
+2. Push delivery end to end: a producer actor sends N messages, one durable ``send`` each, to a
+   queue whose consumer (``@ak.queue.consumer``, batch 10) acks them; the clock runs from the
+   first send to the last ack. Baseline, message for message: huey with
+   ``SqliteHuey(fsync=True)``, its consumer started in this process with one worker thread
+   (like the one consumer actor) and short polling (1 ms), enqueuing the same N tasks one by
+   one and running them; from the first enqueue to the last task done. Messages per second.
+   Target >= 3x. The same feed with ``send_batch`` of 100 is shown beside it, without a target
+   (huey has no batch enqueue), and so is this disk's write+fdatasync rate, which bounds a
+   producer that waits for each durable send.
 3. 32 producer actors each sending one durable message at a time, to one queue and spread over
    8 queues: sends per second, both reported (no target).
 
-Configurations alternate over rounds; medians are reported. Files live in a temporary
-directory under ``.bench-tmp/`` in the repository (the project's disk), removed afterwards.
+Each round opens the host afresh on the same files and runs every actorkeep side, then huey
+(huey first in odd rounds); printed are each side's min / median / max and the ratio of each
+round's pair. Files live in a temporary directory under ``.bench-tmp/`` in the repository (the
+project's disk), removed afterwards.
 
     python bench/queue.py [--quick]
 """
@@ -236,7 +238,9 @@ async def producers_rate(host: ak.Host, queues: int, seconds: float, limit: int)
 Results = dict[str, list[float]]
 
 
-async def measure_actorkeep(tmp: Path, rounds: int, quick: bool, results: Results) -> None:
+async def measure_actorkeep(tmp: Path, r: int, quick: bool, results: Results) -> None:
+    """One round of the actorkeep sides (and of raw sqlite3 and the fsync floor, beside them),
+    on a host opened on the same data directory each round."""
     count = 2 if quick else 20
     n = 200 if quick else 5000
     seconds = 0.2 if quick else 2.0
@@ -244,20 +248,30 @@ async def measure_actorkeep(tmp: Path, rounds: int, quick: bool, results: Result
     host = ak.Host(app, ak.FileStorage(tmp / "data"))
     try:
         async with host.open():
-            await batch_rate(host, 1, 0)  # warm-up: files and directories exist
-            raw_batch_rate(conn, 1)
-            await producers_rate(host, QUEUES, 0.0, 1)
-            await producers_rate(host, 1, 0.0, 1)
-            for r in range(rounds):
-                results["batch"].append(await batch_rate(host, count, r + 1))
-                results["raw"].append(raw_batch_rate(conn, count))
-                results["push1"].append(await push_rate(host, n, 1, r))
-                results["fsync"].append(await fsync_rate(tmp, n))
-                results["push100"].append(await push_rate(host, n, 100, r))
-                results["one_queue"].append(await producers_rate(host, 1, seconds, 10**6))
-                results["eight_queues"].append(await producers_rate(host, QUEUES, seconds, 10**6))
+            if r == 0:  # warm-up: files and directories exist
+                await batch_rate(host, 1, 0)
+                raw_batch_rate(conn, 1)
+                await producers_rate(host, QUEUES, 0.0, 1)
+                await producers_rate(host, 1, 0.0, 1)
+            results["batch"].append(await batch_rate(host, count, r + 1))
+            results["raw"].append(raw_batch_rate(conn, count))
+            results["push1"].append(await push_rate(host, n, 1, r))
+            results["fsync"].append(await fsync_rate(tmp, n))
+            results["push100"].append(await push_rate(host, n, 100, r))
+            results["one_queue"].append(await producers_rate(host, 1, seconds, 10**6))
+            results["eight_queues"].append(await producers_rate(host, QUEUES, seconds, 10**6))
     finally:
         conn.close()
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """min / median / max."""
+    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+def ratios(results: Results, ours: str, theirs: str) -> list[float]:
+    """The ratio of each round's pair."""
+    return [a / b for a, b in zip(results[ours], results[theirs], strict=True)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
     n = 200 if args.quick else 5000
 
     load_before = os.getloadavg()[0]
@@ -276,37 +290,41 @@ def main(argv: list[str] | None = None) -> None:
     BENCH_TMP.mkdir(exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(dir=BENCH_TMP, prefix="queue-") as tmp:
-            trio.run(measure_actorkeep, Path(tmp), rounds, args.quick, results)
             for r in range(rounds):  # huey's consumer wants the main thread, outside trio
-                results["huey"].append(huey_rate(Path(tmp), n, r))
+                if r % 2:
+                    results["huey"].append(huey_rate(Path(tmp), n, r))
+                trio.run(measure_actorkeep, Path(tmp), r, args.quick, results)
+                if not r % 2:
+                    results["huey"].append(huey_rate(Path(tmp), n, r))
     finally:
         with contextlib.suppress(OSError):
             BENCH_TMP.rmdir()
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
-        f"queue: {rounds} rounds, median reported (load average {load_before:.2f} before, "
-        f"{os.cpu_count()} cores)"
+        f"queue: {rounds} rounds, the sides alternating; min / median / max (load average "
+        f"{load_before:.2f} before, {os.cpu_count()} cores)"
     )
     for k, v in results.items():
-        print(f"  {k:13} {' '.join(f'{x:,.0f}' for x in v)}")
-    batch_ratio = med["batch"] / med["raw"]
+        print(f"  {k:13} {spread(v, ',.0f')} per second")
+    batch = ratios(results, "batch", "raw")
     print(
         f"queue send_batch({BATCH}): {med['batch']:,.0f} rows/s, raw sqlite3 batched insert "
-        f"{med['raw']:,.0f} rows/s, ratio {batch_ratio:.2f}x (target >= {TARGET_BATCH:g}x, "
-        f"{'met' if batch_ratio >= TARGET_BATCH else 'MISSED'})"
+        f"{med['raw']:,.0f} rows/s, ratio {spread(batch, '.2f')}x (target >= {TARGET_BATCH:g}x, "
+        f"{'met' if statistics.median(batch) >= TARGET_BATCH else 'MISSED'})"
     )
-    ratio = med["push100"] / med["huey"]
+    push = ratios(results, "push1", "huey")
     print(
-        f"queue push delivery (send_batch of 100, batch 10): {med['push100']:,.0f} msgs/s, huey "
-        f"SqliteHuey {med['huey']:,.0f} msgs/s, ratio {ratio:.2f}x (target >= {TARGET_PUSH:g}x, "
-        f"{'met' if ratio >= TARGET_PUSH else 'MISSED'})"
+        f"queue push delivery, message for message (one durable send each, consumer batch 10): "
+        f"{med['push1']:,.0f} msgs/s, huey SqliteHuey enqueuing one by one {med['huey']:,.0f} "
+        f"msgs/s, ratio {spread(push, '.2f')}x (target >= {TARGET_PUSH:g}x, "
+        f"{'met' if statistics.median(push) >= TARGET_PUSH else 'MISSED'}); one producer waits "
+        f"for each fsync: this disk's write+fdatasync loop does {med['fsync']:,.0f}/s"
     )
     print(
-        f"queue push delivery (one durable send per message, batch 10): {med['push1']:,.0f} "
-        f"msgs/s, {med['push1'] / med['huey']:.2f}x huey (no target: one producer waiting for "
-        f"each send is bound by one fsync per message; this disk's sequential write+fdatasync "
-        f"rate is {med['fsync']:,.0f}/s, {med['push1'] / med['fsync']:.2f}x of it)"
+        f"queue push delivery fed by send_batch(100): {med['push100']:,.0f} msgs/s, "
+        f"{spread(ratios(results, 'push100', 'huey'), '.2f')}x huey (no target: one fsync per "
+        f"100 messages against huey's one per message, which has no batch enqueue)"
     )
     print(
         f"queue durable send, {PRODUCERS} producers: one queue {med['one_queue']:,.0f} sends/s, "
