@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="runs per side and count")
     parser.add_argument("--seconds", type=int, default=None, help="length of one wrk run")
+    parser.add_argument(
+        "--conns", type=int, nargs="+", default=None, help=f"connection counts (default {CONNS})"
+    )
     parser.add_argument("--serve", choices=SIDES[1:], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rounds = args.rounds or (1 if args.quick else 5)
     seconds = args.seconds or (1 if args.quick else 3)
-    conn_counts = (16,) if args.quick else CONNS
+    conn_counts = tuple(args.conns or ((16,) if args.quick else CONNS))
     sides = available_sides()
     load_before = os.getloadavg()[0]
 

@@ -261,6 +261,9 @@ class HttpServer:
                 # connection's scope ends it (a deadline costs less than a scope per request).
                 conn.scope.deadline = trio.current_time() + limits.keep_alive_timeout
                 try:
+                    # The client has just read our reply: its next request is not here yet,
+                    # and a read now would only fail. Wait for it, then read once.
+                    await trio.lowlevel.wait_readable(stream.socket)
                     data = await stream.receive_some(RECEIVE_SIZE)
                 finally:
                     conn.scope.deadline = math.inf
