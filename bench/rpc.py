@@ -210,6 +210,12 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {name + ':':<13} {_spread(side, ',.0f')} per second")
             for path in TARGETS:
                 print(report(rates, path), flush=True)
+            plain = [a / b for a, b in zip(rates["worker"], rates["inline base"], strict=True)]
+            print(
+                f"rpc, worker path against the plain round trip (its server does not await): "
+                f"ratio {_spread(plain, '.2f')}x (no target: the callee does one more pass of "
+                f"the scheduler than that server)"
+            )
             if args.profile:
                 profile(n, Path(tmp) / "profile")
     finally:

@@ -1,4 +1,5 @@
-"""Scale: 100,000 actors, each with a pending alarm on disk, served by a real host process.
+"""Scale: 100,000 actors (``--actors 1000000`` for the million), each with a pending alarm on
+disk, served by a real host process.
 
 1. **Creation.** Every actor is created through the runtime: a ``Host`` in this process
    (``ak.testing.open_host``) calls ``@rpc arm`` on each actor, batch by batch, which runs
@@ -262,6 +263,17 @@ def count_files(root: Path) -> int:
     return sum(
         1 for _, _, files in os.walk(root / "actors") for f in files if f.endswith(".sqlite")
     )
+
+
+def disk_use(root: Path) -> tuple[int, int]:
+    """Bytes allocated on disk (``st_blocks``) and inodes (files and folders) under ``root``."""
+    used, inodes = 0, 0
+    for folder, dirs, files in os.walk(root):
+        for entry in (*dirs, *files):
+            st = os.lstat(os.path.join(folder, entry))
+            used += st.st_blocks * 512
+            inodes += 1
+    return used, inodes
 
 
 def count_index(root: Path) -> int:
@@ -594,7 +606,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{n:,} with BulkStorage in {made.seconds:.1f} s ({n / made.seconds:,.0f}/s) + "
             f"sync(2) {made.synced:.1f} s; {small:,} in {made_small.seconds:.1f} s"
         )
-        print(f"    on disk: {files:,} actor files, {index_rows:,} alarm-index rows")
+        used, inodes = disk_use(big)
+        print(
+            f"    on disk: {files:,} actor files, {index_rows:,} alarm-index rows; "
+            f"{used / 2**20:,.0f} MiB and {inodes:,} inodes in all, "
+            f"{used / files:,.0f} bytes and {inodes / files:.2f} inodes per actor"
+        )
         if files != n + 2 * SOON or index_rows != n + 2 * SOON:
             failures.append(f"{files} files and {index_rows} index rows, want {n + 2 * SOON}")
         overdue = [k for k in made.soon if k.startswith("due-")]
