@@ -59,23 +59,15 @@ class _Reader:
         self._stream = stream
         self._buffer = bytearray()
         self._at = 0  # where the unread bytes of _buffer start
-        # A read that came back short emptied the socket: the next one would most likely
-        # fail, which costs trio far more than waiting for the socket first (decision 0019).
-        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
-        self._emptied = False
 
     async def exactly(self, n: int) -> bytes:
         while len(self._buffer) - self._at < n:
             if self._at:  # move what is unread to the front once, not after every read
                 del self._buffer[: self._at]
                 self._at = 0
-            size = max(65536, n - len(self._buffer))
-            if self._emptied and self._socket is not None:
-                await trio.lowlevel.wait_readable(self._socket)
-            chunk = await self._stream.receive_some(size)
+            chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
             if not chunk:
                 raise trio.EndOfChannel("the peer closed the connection")
-            self._emptied = len(chunk) < size
             self._buffer += chunk
         at = self._at
         self._at = at + n
