@@ -11,6 +11,9 @@ from pathlib import Path
 
 from ..errors import StorageDamaged
 
+#: Bytes per read when a database is read ahead of its check (``read_ahead``).
+READ_AHEAD_CHUNK = 1 << 20
+
 #: The table in each actor's database that names it (written when the actor is first opened).
 IDENTITY_TABLE = "actorkeep_actor"
 #: SQLite's primary result codes that mean a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
@@ -90,3 +93,20 @@ def lost_wal_frames(path: Path) -> int:
     (max_frame,) = struct.unpack_from("=I", header, 16)  # mxFrame
     (backfilled,) = struct.unpack_from("=I", header, 96)  # nBackfill of the checkpoint info
     return max(0, int(max_frame) - int(backfilled))
+
+
+def read_ahead(path: Path) -> None:
+    """Read a database (and its ``-wal``) from start to end, so that the whole-file check at
+    open (``quick_check``, which walks the b-trees and so reads pages out of order) finds it in
+    the page cache: on a cold cache, 145 MB (a million actors' index) took 3.6 s to check, and
+    0.44 s read first (decision 0011)."""
+    for suffix in ("", "-wal"):
+        try:
+            fd = os.open(f"{path}{suffix}", os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            while os.read(fd, READ_AHEAD_CHUNK):
+                pass
+        finally:
+            os.close(fd)
