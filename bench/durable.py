@@ -41,6 +41,7 @@ import trio
 
 import actorkeep as ak
 from actorkeep import codec
+from bench.driver import spread
 
 ACTORS = 32
 TARGET_OVERLAP = 1.0  # 32 actors together must beat one actor alone
@@ -178,23 +179,19 @@ def main(argv: list[str] | None = None) -> None:
         f"ratios of each round's pair, min / median / max (load average {load_before:.2f} "
         f"before, {os.cpu_count()} cores)"
     )
-    print(f"  {ACTORS} actors:      {_spread(many, ',.0f')}")
-    print(f"  one actor:      {_spread(one, ',.0f')}")
-    print(f"  raw sqlite3:    {_spread(raw, ',.0f')}")
+    print(f"  {ACTORS} actors:      {spread(many, 0)}")
+    print(f"  one actor:      {spread(one, 0)}")
+    print(f"  raw sqlite3:    {spread(raw, 0)}")
     ratio = statistics.median(overlap)
     print(
-        f"durable: {ACTORS} actors vs one actor alone, ratio {_spread(overlap, '.2f')}x "
+        f"durable: {ACTORS} actors vs one actor alone, ratio {spread(overlap, 2)}x "
         f"(target > {TARGET_OVERLAP:g}x, {'met' if ratio > TARGET_OVERLAP else 'MISSED'})"
     )
     print(
         f"durable: one actor alone vs one raw sqlite3 synchronous=FULL writer, ratio "
-        f"{_spread(vs_raw, '.2f')}x (no target here; docs/reference.md §12 asks >= "
+        f"{spread(vs_raw, 2)}x (no target here; docs/reference.md §12 asks >= "
         f"{REFERENCE_RAW}x for the KV durable put, bench/kv.py)"
     )
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 if __name__ == "__main__":

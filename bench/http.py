@@ -56,6 +56,7 @@ from typing import Any, cast
 import trio
 
 import actorkeep as ak
+from bench.driver import spread
 from bench.procs import LOOPBACK, free_port, stop_process
 
 TARGET = 1.0
@@ -257,11 +258,6 @@ def wrk(url: str, script: Path, conns: int, seconds: int) -> Run:
     return Run(float(rate.group(1)), float(p99.group(1)) * _UNITS[p99.group(2)])
 
 
-def spread(values: list[float], fmt: str) -> str:
-    """min / median / max."""
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments; serve one side (``--serve``) or run the whole comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -323,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         for side in sides:
             side_runs = runs[(side, conns)]
             print(
-                f"    {side:<13} req/s {spread([r.rate for r in side_runs], ',.0f'):<26} "
-                f"p99 ms {spread([r.p99_ms for r in side_runs], '.2f')}"
+                f"    {side:<13} req/s {spread([r.rate for r in side_runs], 0):<34} "
+                f"p99 ms {spread([r.p99_ms for r in side_runs], 2)}"
             )
     for conns in conn_counts:
         ours, base = runs[("actorkeep", conns)], runs[("starlette", conns)]
@@ -335,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         verdict = "met" if ratio >= TARGET and p99_ours <= p99_base else "MISSED"
         print(
             f"http: {conns:>2} conns, actorkeep / starlette on uvicorn (h11) ratio "
-            f"{spread(ratios, '.2f')}x, p99 {p99_ours:.2f} vs {p99_base:.2f} ms "
+            f"{spread(ratios, 2)}x, p99 {p99_ours:.2f} vs {p99_base:.2f} ms "
             f"(target >= {TARGET}x and p99 no worse: {verdict})"
         )
 

@@ -45,12 +45,11 @@ import trio
 
 import actorkeep as ak
 import shards
-from actorkeep import codec
+from bench.driver import call, spread
 
 SHARDS = 16
 CALLERS = 32
 VALUE = bytes(range(100))
-DRIVER = "bench/driver"
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 
 app = ak.App()
@@ -92,22 +91,12 @@ class Caller(ak.Actor):
             after = page.cursor
 
 
-async def call(host: ak.Host, address: str, method: str, **args: object) -> object:
-    resp = await host.call(
-        DRIVER, (DRIVER,), address, "POST", f"/_rpc/{method}", codec.pack(args),
-        {"content-type": codec.MSGPACK}, None,
-    )  # fmt: skip
-    if resp.status != 200:
-        raise RuntimeError(f"{address} {method}: {resp.status} {resp.body[:300]!r}")
-    return codec.unpack(resp.body)
-
-
 async def timed_callers(host: ak.Host, method: str, callers: int, n: int, round_: int) -> float:
     """Run ``method`` on ``callers`` actors at once; total ops per second."""
     done = [0] * callers
 
     async def one(i: int) -> None:
-        done[i] = int(await call(host, f"caller/c{i}", method, n=n, round_=round_))  # type: ignore[call-overload]
+        done[i] = int(await call(host, f"caller/c{i}", method, n=n, round_=round_))
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -139,13 +128,12 @@ def grow_raw(paths: list[Path], rows: int) -> None:
     """Make the raw files and fill them, as the shards are before the first round."""
     for path in paths:
         conn = open_raw(path)
-        with conn:
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT OR REPLACE INTO kv VALUES (?, ?)",
-                [(f"fill/{i}".encode(), VALUE) for i in range(rows)],
-            )
-            conn.execute("COMMIT")
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT OR REPLACE INTO kv VALUES (?, ?)",
+            [(f"fill/{i}".encode(), VALUE) for i in range(rows)],
+        )
+        conn.execute("COMMIT")
         conn.close()
 
 
@@ -212,7 +200,7 @@ async def run(quick: bool, tmp: Path) -> None:
                 sides[name].append(await side(name, r))
         await call(host, "caller/filler", "fill", n=list_keys)
         t0 = time.perf_counter()
-        listed = int(await call(host, "caller/lister", "list_all"))  # type: ignore[call-overload]
+        listed = int(await call(host, "caller/lister", "list_all"))
         list_rate = listed / (time.perf_counter() - t0)
         assert listed == list_keys, listed
     m = statistics.median
@@ -231,16 +219,12 @@ async def run(quick: bool, tmp: Path) -> None:
         ratios = [a / b for a, b in zip(sides[ours], sides[theirs], strict=True)]
         print(
             f"kv {label}: {m(sides[ours]):,.0f} vs {m(sides[theirs]):,.0f} per second, "
-            f"ratio {_spread(ratios)}x (target >= {target}x, {_verdict(m(ratios), target)})"
+            f"ratio {spread(ratios, 2)}x (target >= {target}x, {_verdict(m(ratios), target)})"
         )
     print(
         f"kv list: {listed:,} keys in pages of 1,000 across {SHARDS} shards: "
         f"{list_rate:,.0f} keys/s"
     )
-
-
-def _spread(values: list[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in (min(values), statistics.median(values), max(values)))
 
 
 def _verdict(ratio: float, target: float) -> str:

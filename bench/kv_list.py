@@ -32,12 +32,11 @@ import trio
 
 import actorkeep as ak
 import shards
-from actorkeep import codec
+from bench.driver import call, spread
 
 TARGET = 12.0
 SHARDS = 16
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
-DRIVER = "bench/driver"
 
 app = ak.App()
 app.mount(shards.KVShard, "kv", access="internal")
@@ -64,26 +63,12 @@ class Lister(ak.Actor):
             after = page.cursor
 
 
-async def call(host: ak.Host, method: str, **args: object) -> object:
-    resp = await host.call(
-        DRIVER, (DRIVER,), "lister/a", "POST", f"/_rpc/{method}", codec.pack(args),
-        {"content-type": codec.MSGPACK}, None,
-    )  # fmt: skip
-    if resp.status != 200:
-        raise RuntimeError(f"{method}: {resp.status} {resp.body[:300]!r}")
-    return codec.unpack(resp.body)
-
-
 async def timed_listing(host: ak.Host, prefix: str, keys: int, limit: int) -> float:
     t0 = time.perf_counter()
-    listed = await call(host, "list_all", prefix=prefix, limit=limit)
+    listed = await call(host, "lister/a", "list_all", prefix=prefix, limit=limit)
     seconds = time.perf_counter() - t0
     assert listed == keys, (prefix, listed)
     return seconds
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 async def run(quick: bool, tmp: Path) -> None:
@@ -91,8 +76,8 @@ async def run(quick: bool, tmp: Path) -> None:
     rounds = 1 if quick else 5
     async with ak.testing.open_host(app, tmp, storage=ak.FileStorage(tmp)) as test_host:
         host = test_host.host
-        await call(host, "fill", prefix="small/", n=small)
-        await call(host, "fill", prefix="big/", n=big)
+        await call(host, "lister/a", "fill", prefix="small/", n=small)
+        await call(host, "lister/a", "fill", prefix="big/", n=big)
         print(
             f"kv list: {small:,} and {big:,} keys over {SHARDS} shards, {rounds} rounds, "
             "min / median / max"
@@ -112,12 +97,12 @@ async def run(quick: bool, tmp: Path) -> None:
             ratio = statistics.median(ratios)
             verdict = "met" if ratio <= TARGET else "MISSED"
             print(
-                f"  pages of {limit}: {small:,} keys {spread(times['small'], '.3f')} s, "
-                f"{big:,} keys {spread(times['big'], '.3f')} s"
+                f"  pages of {limit}: {small:,} keys {spread(times['small'], 3)} s, "
+                f"{big:,} keys {spread(times['big'], 3)} s"
             )
             print(
                 f"kv list, pages of {limit}: {big // small}x the keys, ratio "
-                f"{spread(ratios, '.2f')}x the time (target <= {TARGET:g}x, {verdict})"
+                f"{spread(ratios, 2)}x the time (target <= {TARGET:g}x, {verdict})"
             )
 
 

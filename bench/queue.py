@@ -49,7 +49,7 @@ from pathlib import Path
 import trio
 
 import actorkeep as ak
-from bench.driver import call
+from bench.driver import call, spread
 from queues import Queue
 from queues.queue import SCHEMA
 
@@ -264,11 +264,6 @@ async def measure_actorkeep(tmp: Path, r: int, quick: bool, results: Results) ->
         conn.close()
 
 
-def spread(values: list[float], fmt: str) -> str:
-    """min / median / max."""
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
-
-
 def ratios(results: Results, ours: str, theirs: str) -> list[float]:
     """The ratio of each round's pair."""
     return [a / b for a, b in zip(results[ours], results[theirs], strict=True)]
@@ -306,24 +301,24 @@ def main(argv: list[str] | None = None) -> None:
         f"{load_before:.2f} before, {os.cpu_count()} cores)"
     )
     for k, v in results.items():
-        print(f"  {k:13} {spread(v, ',.0f')} per second")
+        print(f"  {k:13} {spread(v, 0)} per second")
     batch = ratios(results, "batch", "raw")
     print(
         f"queue send_batch({BATCH}): {med['batch']:,.0f} rows/s, raw sqlite3 batched insert "
-        f"{med['raw']:,.0f} rows/s, ratio {spread(batch, '.2f')}x (target >= {TARGET_BATCH:g}x, "
+        f"{med['raw']:,.0f} rows/s, ratio {spread(batch, 2)}x (target >= {TARGET_BATCH:g}x, "
         f"{'met' if statistics.median(batch) >= TARGET_BATCH else 'MISSED'})"
     )
     push = ratios(results, "push1", "huey")
     print(
         f"queue push delivery, message for message (one durable send each, consumer batch 10): "
         f"{med['push1']:,.0f} msgs/s, huey SqliteHuey enqueuing one by one {med['huey']:,.0f} "
-        f"msgs/s, ratio {spread(push, '.2f')}x (target >= {TARGET_PUSH:g}x, "
+        f"msgs/s, ratio {spread(push, 2)}x (target >= {TARGET_PUSH:g}x, "
         f"{'met' if statistics.median(push) >= TARGET_PUSH else 'MISSED'}); one producer waits "
         f"for each fsync: this disk's write+fdatasync loop does {med['fsync']:,.0f}/s"
     )
     print(
         f"queue push delivery fed by send_batch(100): {med['push100']:,.0f} msgs/s, "
-        f"{spread(ratios(results, 'push100', 'huey'), '.2f')}x huey (no target: one fsync per "
+        f"{spread(ratios(results, 'push100', 'huey'), 2)}x huey (no target: one fsync per "
         f"100 messages against huey's one per message, which has no batch enqueue)"
     )
     print(

@@ -48,6 +48,7 @@ import trio
 
 import actorkeep as ak
 from actorkeep import codec
+from bench.driver import spread
 
 TARGETS = {"inline": 2.5, "worker": 1.0}
 DRIVER = "bench/driver"  # the calling identity of the benchmark itself (needs no class)
@@ -179,7 +180,7 @@ def report(rates: Rates, path: str) -> str:
     verdict = "met" if ratio >= target else "MISSED"
     return (
         f"rpc, {path} path: actorkeep {statistics.median(ours):,.0f} calls/s, baseline "
-        f"{statistics.median(base):,.0f} round trips/s, ratio {_spread(ratios, '.2f')}x "
+        f"{statistics.median(base):,.0f} round trips/s, ratio {spread(ratios, 2)}x "
         f"(target >= {target}x, {verdict})"
     )
 
@@ -207,13 +208,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"(load average {load_before:.2f} before, {os.cpu_count()} cores)"
             )
             for name, side in rates.items():
-                print(f"  {name + ':':<13} {_spread(side, ',.0f')} per second")
+                print(f"  {name + ':':<13} {spread(side, 0)} per second")
             for path in TARGETS:
                 print(report(rates, path), flush=True)
             plain = [a / b for a, b in zip(rates["worker"], rates["inline base"], strict=True)]
             print(
                 f"rpc, worker path against the plain round trip (its server does not await): "
-                f"ratio {_spread(plain, '.2f')}x (no target: the callee does one more pass of "
+                f"ratio {spread(plain, 2)}x (no target: the callee does one more pass of "
                 f"the scheduler than that server)"
             )
             if args.profile:
@@ -221,10 +222,6 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         with contextlib.suppress(OSError):
             BENCH_TMP.rmdir()  # only if empty: another benchmark may be using it
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 if __name__ == "__main__":

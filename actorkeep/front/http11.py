@@ -76,6 +76,7 @@ class RequestReader:
     """Parses one connection's requests. ``max_head``: bytes a head may hold, at most."""
 
     __slots__ = (
+        "_error",
         "_events",
         "_fed",
         "_head",
@@ -87,7 +88,6 @@ class RequestReader:
         "_raw_body",
         "_size",
         "_url",
-        "error",
         "waiting_for_continue",
     )
 
@@ -103,8 +103,7 @@ class RequestReader:
         self._in_head = False
         self._in_body = False
         self._raw_body = 0  # body bytes of an upgrade request llhttp left to us
-        #: The parser failed; nothing more is read.
-        self.error: ProtocolError | None = None
+        self._error: ProtocolError | None = None  # the parser failed: nothing more is read
         #: The current request asked for ``100 Continue`` and no byte of its body came yet.
         self.waiting_for_continue = False
 
@@ -124,7 +123,7 @@ class RequestReader:
 
     def feed(self, data: bytes) -> None:
         """Bytes from the client (at most ``MAX_FEED``); ``b""`` when it closed its side."""
-        if self.error is not None:
+        if self._error is not None:
             return
         if not data:
             if self._in_head or self._in_body:
@@ -147,7 +146,7 @@ class RequestReader:
             self._upgraded(data[upgrade.args[0] :])
             return
         except httptools.HttpParserCallbackError:
-            if self.error is None:  # a bug of ours in a callback: not the client's fault
+            if self._error is None:  # a bug of ours in a callback: not the client's fault
                 raise
             return
         except httptools.HttpParserError as exc:
@@ -162,7 +161,7 @@ class RequestReader:
         # llhttp stops after the head of a request that asks to switch protocols. No upgrade
         # is served (decision 0019): the request is an ordinary one, its body (if declared by
         # length) is read here, and parsing goes on after it with a new parser.
-        if self.error is not None:
+        if self._error is not None:
             return
         self._parser = httptools.HttpRequestParser(self)
         # llhttp already reported the end of the message: it comes after the body.
@@ -202,8 +201,8 @@ class RequestReader:
             self._fail(400, f"malformed HTTP: {message}")
 
     def _fail(self, status: int, message: str) -> None:
-        self.error = ProtocolError(status, message)
-        self._events.append(self.error)
+        self._error = ProtocolError(status, message)
+        self._events.append(self._error)
         self._in_head = self._in_body = False
 
     # -- httptools' callbacks ---------------------------------------------------------------
