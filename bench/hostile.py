@@ -186,15 +186,16 @@ def probe_connections(tmp: Path, quick: bool) -> None:
         line = server.wait_for_line("actorkeep serving")
         cap = line.split("max_connections=")[1].split()[0]
 
-        def normal_client() -> tuple[Counter[int], list[float]]:
-            statuses: Counter[int] = Counter()
+        def normal_client() -> tuple[Counter[int | str], list[float]]:
+            statuses: Counter[int | str] = Counter()
             ms: list[float] = []
             for i in range(requests):
                 started = time.monotonic()
+                status: int | str
                 try:
                     status, _, _ = request(server.port, "POST", f"/open/n{i % 20}/_rpc/hi", b"{}")
-                except OSError:
-                    status = -1
+                except (OSError, http.client.HTTPException) as exc:
+                    status = type(exc).__name__
                 ms.append((time.monotonic() - started) * 1000)
                 statuses[status] += 1
             return statuses, ms

@@ -18,6 +18,7 @@ from typing import Any
 import h11
 import pytest
 import trio
+import trio.testing
 
 import actorkeep as ak
 from actorkeep.front import HttpServer, ServerLimits, serve_http
@@ -669,3 +670,26 @@ async def test_at_the_cap_a_new_connection_whose_request_waits_to_be_read_is_kep
         for left, right in pairs:
             left.close()
             right.close()
+
+
+async def test_a_trickle_that_opens_with_a_kilobyte_is_slow_not_a_fast_upload(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A body is judged as if it had been coming for at least ``RATE_SPAN``: 1 KiB in its
+    first 10 ms is a trickle, closed to make room before a new connection whose request has
+    not arrived yet (seen in the hostile probe, where such trickles filled the table)."""
+    conns = Connections(min_rate=4096.0, budget=ByteBudget(1 << 20))
+    trickle = conns.add()
+    conns.move(trickle, "body")
+    trickle.window_start = trio.current_time()
+    trickle.held = 1024
+    mock_clock.jump(0.01)
+    left, right = socket.socketpair()
+    try:
+        newcomer = conns.add(left.fileno())  # its client has not sent its request yet
+        assert trickle.slow(trio.current_time(), 4 * 4096.0)
+        assert conns.shed_one() and trickle.scope.cancel_called
+        assert not newcomer.scope.cancel_called
+    finally:
+        left.close()
+        right.close()

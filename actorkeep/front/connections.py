@@ -22,6 +22,9 @@ Stage = Literal["fresh", "idle", "head", "body", "busy"]
 #: its rate, before either may be closed to make room for another connection.
 FRESH_GRACE = 0.5
 JUDGE_AFTER = 0.005
+#: A body's rate is judged as if it had been coming for at least this long: a kilobyte in its
+#: first millisecond is not a fast upload (a trickle that opens with one would look like one).
+RATE_SPAN = 0.1
 #: Fresh connections looked at (oldest first) for one that sent nothing, per connection shed.
 SILENT_SCAN = 16
 #: When the in-flight budget runs short, uploads slower than this many times ``min_rate`` in
@@ -56,8 +59,8 @@ class Connection:
         self.window_base = 0  # and how many bytes had arrived then
 
     def rate(self, now: float) -> float:
-        """Bytes per second of its body in the current window."""
-        return (self.held - self.window_base) / max(now - self.window_start, 0.001)
+        """Bytes per second of its body in the current window (at least ``RATE_SPAN`` long)."""
+        return (self.held - self.window_base) / max(now - self.window_start, RATE_SPAN)
 
     def silent(self) -> bool:
         """Whether nothing the client sent waits to be read. A new connection whose request
