@@ -22,8 +22,10 @@ run: $(VENV)/.run-deps
 	@echo "  curl -X PUT http://127.0.0.1:8080/api/main/settings/endpoint -d 'https://example.com/hook'"
 	@echo "  curl -X POST http://127.0.0.1:8080/api/main/events -H 'content-type: application/json' -d '{\"type\": \"signup\"}'"
 	@echo "  curl http://127.0.0.1:8080/deliverer/main/deliveries"
+	@echo "The admin API is on http://127.0.0.1:8081; and from here: .venv/bin/actorkeep ls"
 	@echo "Stop with Ctrl-C. README.md has more."
-	$(BIN)/actorkeep serve examples.jobs.app:app --data ./data --host 127.0.0.1 --port 8080
+	$(BIN)/actorkeep serve examples.jobs.app:app --data ./data --host 127.0.0.1 --port 8080 \
+		--admin 127.0.0.1:8081
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check .

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import datetime
 import functools
 import gc
 import importlib
@@ -14,20 +12,18 @@ import os
 import resource
 import signal
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
 
-from .address import actor_path, split_address
 from .app import App
 from .front import ServerLimits, serve_http
+from .ops import commands, repair
+from .ops.admin import AdminOptions, admin_options, admin_server
+from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
 from .runtime.host import Host
-from .runtime.hostdb import HostDb
-from .runtime.registry import Registry
 from .runtime.storage import DataDirInUse, FileStorage
 
 if TYPE_CHECKING:  # the cluster's modules need its extra (psycopg): imported when asked for
@@ -145,9 +141,13 @@ async def serve(
     limits: ServerLimits,
     limited: dict[str, Any] | None = None,
     cluster: ClusterOptions | None = None,
+    admin: AdminOptions | None = None,
 ) -> None:
     # Bind first: a port in use is reported before anything is made in the data directory.
     listeners = await trio.open_tcp_listeners(port, host=bind_host)
+    admin_listeners = (
+        [] if admin is None else await trio.open_tcp_listeners(admin.port, host=admin.host)
+    )
     if limited:
         log.warning(
             "the open-file limit holds fewer actors and connections than asked; raise it "
@@ -179,10 +179,16 @@ async def serve(
         async with trio.open_nursery() as beside:
             if beside_host is not None:
                 await beside.start(beside_host)
+            also = [] if admin is None else [(admin_server(host, data, admin), admin_listeners)]
             async with trio.open_nursery() as nursery:
                 await nursery.start(
-                    functools.partial(serve_http, host, listeners, limits, until=until_signal)
+                    functools.partial(
+                        serve_http, host, listeners, limits, until=until_signal, also=also
+                    )
                 )
+                admin_urls = [_url(listener.socket) for listener in admin_listeners]
+                if admin_urls:  # the CLI finds the admin API there
+                    write_admin_file(data, admin_urls[0])
                 # What the app, the runtime and their imports made lives as long as the
                 # process: out of the collector's sight, a full collection scans only what was
                 # made since (29 ms pauses under load down to under 2; decision 0019).
@@ -191,6 +197,7 @@ async def serve(
                     "actorkeep serving",
                     app=app_spec,
                     urls=[_url(listener.socket) for listener in listeners],
+                    **({"admin": admin_urls} if admin_urls else {}),
                     data=str(data),
                     classes=sorted(app.classes),
                     pid=os.getpid(),
@@ -202,75 +209,12 @@ async def serve(
                         else {"cluster_partitions": cluster.partitions, "internal": node.address}
                     ),
                 )
+            if admin_urls:
+                forget_admin_file(data)
             if cluster is not None:  # a planned stop: what closed actors wrote is committed,
                 await node.storage.settle()  # then the partitions are handed over
             beside.cancel_scope.cancel()
     log.info("stopped")
-
-
-@contextlib.contextmanager
-def _offline_host_db(data: Path) -> Iterator[HostDb]:
-    """The host database of a data directory no host is serving (``SystemExit`` otherwise)."""
-    if not (data / "host" / "host.sqlite").exists():
-        raise SystemExit(f"actorkeep: no host database in {str(data)!r}")
-    storage = FileStorage(data)
-    try:
-        host_db = HostDb(storage.open_host_db())
-    except DataDirInUse as exc:
-        raise SystemExit(f"actorkeep: {exc}; stop it first") from None
-    try:
-        yield host_db
-    finally:
-        host_db.close()
-        storage.close()
-
-
-def clock_command(data: Path, reset: bool) -> int:
-    """``actorkeep clock``: the latest host time recorded, and how it stands to the wall
-    clock; ``--reset`` forgets it."""
-    with _offline_host_db(data) as host_db:
-        latest = host_db.get_meta("clock_high_water")
-        if not isinstance(latest, int | float):
-            print("no host time recorded: the next start follows the wall clock")
-            return 0
-        when = datetime.datetime.fromtimestamp(latest, datetime.UTC).isoformat()
-        ahead = latest - time.time()
-        if reset:
-            host_db.delete_meta("clock_high_water")
-            trio.run(host_db.sync)
-            print(f"forgot the latest host time ({when}): the next start follows the wall clock")
-        else:
-            print(f"latest host time {when}, {ahead:+.1f} s from the wall clock now")
-        return 0
-
-
-def quarantine(data: Path, release: str | None) -> int:
-    """``actorkeep quarantine``: print the quarantined actors, or release one."""
-    with _offline_host_db(data) as host_db:
-        registry = Registry(host_db)
-        if release is None:
-            for address, (reason, since) in sorted(registry.quarantined().items()):
-                when = datetime.datetime.fromtimestamp(since, datetime.UTC).isoformat()
-                print(f"{address}\t{when}\t{reason}")
-            return 0
-        try:
-            class_name, name = split_address(release)
-        except ValueError as exc:
-            print(f"actorkeep: {exc}", file=sys.stderr)
-            return 1
-        if not registry.release(release):
-            print(f"actorkeep: {release} is not quarantined", file=sys.stderr)
-            return 1
-        path = actor_path(data / "actors", class_name, name)
-        gone = not path.exists() or path.stat().st_size == 0
-        if gone:
-            registry.forget(release)
-        trio.run(host_db.sync)
-        if gone:
-            print(f"released {release}; its database is gone, so its next event starts it afresh")
-        else:
-            print(f"released {release}; its next event opens and checks its database again")
-        return 0
 
 
 def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
@@ -371,6 +315,17 @@ def main(argv: list[str] | None = None) -> None:
         metavar="HOST:PORT",
         help="the address the other hosts dial for --internal (its bound address by default)",
     )
+    p.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve the admin API (docs/operations.md) there, apart from the app's port",
+    )
+    p.add_argument(
+        "--admin-token",
+        help="what the admin API wants in `authorization: Bearer ...` (default: "
+        f"${TOKEN_ENV}); needed to bind --admin beyond loopback",
+    )
+    commands.add_parsers(sub)
     q = sub.add_parser(
         "quarantine",
         help="list the actors quarantined for damaged storage, or release one",
@@ -398,9 +353,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.command == "quarantine":
-        raise SystemExit(quarantine(Path(args.data).resolve(), args.release))
+        raise SystemExit(repair.quarantine(Path(args.data).resolve(), args.release))
     if args.command == "clock":
-        raise SystemExit(clock_command(Path(args.data).resolve(), args.reset))
+        raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
+    if args.command in commands.COMMANDS:
+        raise SystemExit(commands.run(args))
     configure_logging(args.log_format)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")
@@ -423,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
             graceful_timeout=args.graceful_timeout,
         )
         cluster = cluster_options(args)
+        admin = admin_options(args.admin, args.admin_token)
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
     try:
@@ -452,7 +410,17 @@ def main(argv: list[str] | None = None) -> None:
         limits = dataclasses.replace(limits, max_connections=connections)
     try:
         trio.run(
-            serve, app, args.app, data, args.host, args.port, host_options, limits, limited, cluster
+            serve,
+            app,
+            args.app,
+            data,
+            args.host,
+            args.port,
+            host_options,
+            limits,
+            limited,
+            cluster,
+            admin,
         )
     except* DataDirInUse as group:
         raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None

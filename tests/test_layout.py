@@ -126,6 +126,10 @@ FORBIDDEN = [
     ("actorkeep.runtime", "actorkeep.queue"),
     ("actorkeep.runtime", "actorkeep.testing"),
     ("actorkeep.runtime", "actorkeep.cli"),
+    # operations tooling reads the runtime and serves on the front; neither knows it
+    ("actorkeep.runtime", "actorkeep.ops"),
+    ("actorkeep.front", "actorkeep.ops"),
+    ("actorkeep.cluster", "actorkeep.ops"),
     # the cluster stands on the runtime's seams (decision 0016), never the reverse; its store
     # knows no HTTP edge
     ("actorkeep.runtime", "actorkeep.cluster"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json as _json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import structlog
@@ -29,6 +29,23 @@ from ..runtime.host import Host
 log = structlog.get_logger("actorkeep")
 
 HEALTH_PATH = "/_actorkeep/health"
+
+
+class Handler(Protocol):
+    """What an ``HttpServer`` serves: ``Front`` (the app's requests), or another listener's
+    answers for the same host (the admin API)."""
+
+    @property
+    def host(self) -> Host: ...
+
+    async def handle(
+        self,
+        method: str,
+        raw_path: str,
+        query_string: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> Response: ...
 
 
 class Front:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +24,10 @@ import structlog
 import trio
 
 from ..http import Response, error_response
+from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
 from .connections import Connection, Connections
-from .front import Front
+from .front import Front, Handler
 from .http11 import (
     CLOSED,
     CONTINUE,
@@ -106,21 +107,25 @@ class _Refused(Exception):
 
 
 class HttpServer:
-    """Serves a ``Front`` on listeners. ``serve_http`` runs it around a host's life."""
+    """Serves a ``Handler`` on listeners. ``serve_http`` runs it around a host's life."""
 
-    def __init__(self, front: Front, limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self, front: Handler, limits: ServerLimits | None = None, inflight: ByteBudget | None = None
+    ) -> None:
         self.front = front
         self.host = front.host
         self.limits = limits or ServerLimits()
         self.draining = False
-        self._conns = Connections(self.limits.min_rate, self.host.inflight)
+        #: The bytes of request bodies in flight (the host's own budget unless given one).
+        self.inflight = self.host.inflight if inflight is None else inflight
+        self._conns = Connections(self.limits.min_rate, self.inflight)
         self._refusing = 0
         self._handling = 0
         self._handled_all = trio.Event()
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
         self.refused = 0  # connections refused at the cap
-        self.host.inflight.reclaim = self._conns.reclaim
+        self.inflight.reclaim = self._conns.reclaim
 
     @property
     def connections(self) -> int:
@@ -294,7 +299,7 @@ class HttpServer:
         except ProtocolError as exc:
             raise _Refused(_protocol_error(exc)) from None
         finally:
-            host.inflight.give(conn.held)  # the front takes the whole body's share itself
+            self.inflight.give(conn.held)  # the front takes the whole body's share itself
             conn.held = 0
         self._conns.move(conn, "busy")
         path, _, query = request.target.partition("?")
@@ -335,7 +340,7 @@ class HttpServer:
                 size = conn.held + len(event)
                 if size > host.max_body:
                     raise _Refused(_too_large(host))
-                if not host.inflight.take(len(event)):
+                if not self.inflight.take(len(event)):
                     raise _Refused(_NO_MEMORY)
                 conn.held = size
                 chunks.append(event)
@@ -454,9 +459,12 @@ async def serve_http(
     limits: ServerLimits | None = None,
     *,
     until: Callable[[], Awaitable[object]],
+    also: Sequence[tuple[HttpServer, list[trio.SocketListener]]] = (),
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Open ``host``, serve it on ``listeners`` until ``until()`` returns, then shut down.
+    """Open ``host``, serve it on ``listeners`` until ``until()`` returns, then shut down;
+    ``also``: other servers of the same host, each on its own listeners, that live and stop
+    with it (the admin API).
 
     Shutdown: stop accepting, close idle connections, give running requests
     ``graceful_timeout`` seconds, then close the host, which answers what is still queued or
@@ -464,17 +472,22 @@ async def serve_http(
     before the connections close.
     """
     server = HttpServer(Front(host), limits)
+    servers = [(server, listeners), *also]
     async with trio.open_nursery() as connections:
         async with host.open():
             async with trio.open_nursery() as acceptors:
-                for listener in listeners:
-                    acceptors.start_soon(server.accept_loop, listener, connections)
+                for each, its_listeners in servers:
+                    for listener in its_listeners:
+                        acceptors.start_soon(each.accept_loop, listener, connections)
                 task_status.started(server)
                 await until()
-                server.drain()
+                for each, _ in servers:
+                    each.drain()
                 acceptors.cancel_scope.cancel()
             with trio.move_on_after(server.limits.graceful_timeout):
-                await server.wait_handled()
+                for each, _ in servers:
+                    await each.wait_handled()
         # The host is closed: what was still waiting has its 503 now; let it be written.
-        server.drain()
+        for each, _ in servers:
+            each.drain()
         connections.cancel_scope.deadline = trio.current_time() + LAST_WORDS

@@ -43,6 +43,22 @@ class Registry:
                 is not None
             )
 
+    def page(self, prefix: str, after: str | None, limit: int) -> list[tuple[str, float]]:
+        """Up to ``limit`` ``(address, created_at)`` of the actors whose address starts with
+        ``prefix``, in address order, after ``after``: a range of the primary key, so the
+        cost grows with the page, not with the registry."""
+        where, args = ["address >= ?"], [prefix]
+        if after is not None:
+            where.append("address > ?")
+            args.append(after)
+        end = _prefix_end(prefix)
+        if end is not None:
+            where.append("address < ?")
+            args.append(end)
+        sql = f"SELECT address, created_at FROM actors WHERE {' AND '.join(where)} "
+        with self._host_db.errors():
+            return self._conn.execute(sql + "ORDER BY address LIMIT ?", (*args, limit)).fetchall()
+
     def add(self, address: str, created_at: float) -> None:
         with self._host_db.errors():
             self._conn.execute(
@@ -128,3 +144,10 @@ class Registrar:
             log.debug("actor not registered yet", address=address, error=repr(exc))
         finally:
             self._pending.discard(address)
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least string greater than every string that starts with ``prefix`` (None: there
+    is none, every string does)."""
+    prefix = prefix.rstrip("\U0010ffff")
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else None

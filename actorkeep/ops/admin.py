@@ -1,0 +1,193 @@
+"""The admin API: a host's own listener (``actorkeep serve --admin HOST:PORT``), apart from the
+app's port, that shows what the host holds (docs/operations.md).
+
+``GET /api/actors``, ``GET /api/actors/<class>/<name>``, ``POST /api/actors/<class>/<name>/sql``
+and ``GET /api/alarms`` answer JSON. Bound to anything but loopback it wants the token in
+``authorization: Bearer ...`` (the CLI refuses to start it without one).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import trio
+
+from .. import codec
+from ..front import ServerLimits
+from ..front.server import HttpServer
+from ..http import Response, error_response, parse_query
+from ..runtime.budget import ByteBudget
+from ..runtime.host import Host
+from . import inspect
+from .inspect import InspectError
+from .source import TOKEN_ENV
+
+#: Reads of actors' databases run in threads, one at a time, so that a slow one never
+#: holds the host's event loop.
+_READERS = trio.CapacityLimiter(1)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class AdminOptions:
+    """``actorkeep serve --admin HOST:PORT`` and its token."""
+
+    host: str
+    port: int
+    token: str | None
+
+
+#: The admin listener's own limits: a few operators, small bodies.
+ADMIN_LIMITS = ServerLimits(max_connections=64)
+ADMIN_INFLIGHT = 4 << 20
+
+
+def admin_options(spec: str | None, token: str | None) -> AdminOptions | None:
+    """``--admin`` checked (``ValueError``): anything but loopback needs a token (``token``,
+    else ``$ACTORKEEP_ADMIN_TOKEN``)."""
+    if spec is None:
+        return None
+    host, sep, port = spec.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--admin wants HOST:PORT, got {spec!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(host):
+        raise ValueError(
+            f"--admin {spec} is not a loopback address: give it a token (--admin-token or "
+            f"${TOKEN_ENV}), or bind it to 127.0.0.1"
+        )
+    return AdminOptions(host, int(port), token)
+
+
+def admin_server(host: Host, data: Path, options: AdminOptions) -> HttpServer:
+    """The admin listener's HTTP server, with its own connection cap and byte budget."""
+    front = AdminFront(host, data, options.token)
+    return HttpServer(front, ADMIN_LIMITS, ByteBudget(ADMIN_INFLIGHT))
+
+
+class AdminFront:
+    """Answers the admin API's requests for ``host``, whose data directory is ``data``.
+    ``token``: what requests must bear (None: no token, on loopback only)."""
+
+    def __init__(self, host: Host, data: Path, token: str | None) -> None:
+        self.host = host
+        self.actors_root = data / "actors"
+        self._token = None if token is None else f"Bearer {token}".encode()
+
+    async def handle(
+        self,
+        method: str,
+        raw_path: str,
+        query_string: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> Response:
+        """Answer one request to the admin listener."""
+        if self._token is not None and not self._authorized(headers):
+            return error_response(
+                401,
+                "Unauthorized",
+                "want authorization: Bearer <admin token>",
+                {"www-authenticate": "Bearer"},
+            )
+        path = unquote(raw_path)
+        query = parse_query(query_string)
+        try:
+            if path == "/api/actors":
+                return _only(method, "GET") or self._actors(query)
+            if path == "/api/alarms":
+                return _only(method, "GET") or self._alarms(query)
+            if path.startswith("/api/actors/"):
+                parts = path[len("/api/actors/") :].split("/")
+                address = "/".join(parts[:2])
+                if len(parts) == 2:
+                    return _only(method, "GET") or await self._show(address)
+                if len(parts) == 3 and parts[2] == "sql":
+                    return _only(method, "POST") or await self._sql(address, body)
+        except InspectError as exc:
+            return error_response(exc.status, _ERROR_NAMES.get(exc.status, "Error"), str(exc))
+        return error_response(404, "NotFound", "no such admin path")
+
+    def _authorized(self, headers: Iterable[tuple[str, str]]) -> bool:
+        assert self._token is not None
+        for name, value in headers:
+            if name.lower() == "authorization":
+                return hmac.compare_digest(value.encode(), self._token)
+        return False
+
+    def _actors(self, query: dict[str, str]) -> Response:
+        prefix = inspect.address_prefix(query.get("class") or None, query.get("prefix", ""))
+        limit = inspect.page_size(_int(query, "limit"))
+        page = inspect.list_actors(self.host.registry, prefix, query.get("after"), limit)
+        active = self.host.activations
+        quarantined = self.host.quarantined
+        for actor in page["actors"]:
+            actor["active"] = actor["address"] in active
+            actor["quarantined"] = quarantined.get(actor["address"])
+        return Response.json(page)
+
+    def _alarms(self, query: dict[str, str]) -> Response:
+        limit = inspect.page_size(_int(query, "limit"))
+        until = self.host.clock.now() if query.get("due") in ("1", "true") else float("inf")
+        after = inspect.alarm_cursor(query.get("after"))
+        rows = self.host.alarm_index.due(until, after, limit + 1)
+        return Response.json({"now": self.host.clock.now(), **inspect.list_alarms(rows, limit)})
+
+    async def _show(self, address: str) -> Response:
+        about = await trio.to_thread.run_sync(
+            inspect.describe_actor, self.actors_root, address, limiter=_READERS
+        )
+        about["active"] = address in self.host.activations
+        about["quarantined"] = self.host.quarantined.get(address)
+        about["alarm_index"] = self.host.alarm_index.get(address)
+        return Response.json(about)
+
+    async def _sql(self, address: str, body: bytes) -> Response:
+        try:
+            asked = codec.json_loads(body)
+        except ValueError:
+            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}') from None
+        if not isinstance(asked, dict) or set(asked) - {"sql", "params"}:
+            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}')
+        sql, params = asked.get("sql"), asked.get("params", [])
+        if not isinstance(sql, str) or not isinstance(params, list):
+            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}')
+        answer = await trio.to_thread.run_sync(
+            inspect.query, self.actors_root, address, sql, params, limiter=_READERS
+        )
+        return Response.json(answer)
+
+
+_ERROR_NAMES = {400: "BadRequest", 404: "NotFound", 500: "StorageError"}
+
+
+def _only(method: str, allowed: str) -> Response | None:
+    if method == allowed:
+        return None
+    return error_response(405, "MethodNotAllowed", f"want {allowed}", {"allow": allowed})
+
+
+def _int(query: dict[str, str], key: str) -> int | None:
+    value = query.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InspectError(f"{key} must be an integer, got {value!r}") from None

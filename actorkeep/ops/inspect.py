@@ -1,0 +1,253 @@
+"""What a data directory holds, read without writing it: actors by prefix, one actor's tables
+and alarm, a read-only query on an actor's database (docs/operations.md).
+
+The admin API calls these inside a running host (``admin.py``), the CLI on a directory no host
+serves (``commands.py``). Reading an actor's database never writes it and never creates a
+file. When the database has a write-ahead log (its actor is in memory, or its host stopped
+without closing it) it is opened read-only beside the host, and SQLite's WAL gives the read a
+consistent snapshot. Without one it is opened *immutable*, which needs no log and no
+shared-memory file; a host that opens and writes the actor during such a read can make the read
+fail (the error is reported; nothing is written).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..address import actor_path, check_class_name, split_address
+from ..runtime.alarm_store import ACTOR_TABLE, read_alarm
+from ..runtime.damage import IDENTITY_TABLE, read_address
+from ..runtime.registry import Registry
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+#: Rows a query returns at most; the answer says when there were more.
+MAX_ROWS = 1000
+#: SQLite virtual-machine steps a query may take (a second or so): then it is stopped.
+MAX_STEPS = 20_000_000
+_STEP_CHECK = 10_000
+#: The tables the runtime keeps in every actor's database.
+INTERNAL_TABLES = frozenset({IDENTITY_TABLE, ACTOR_TABLE})
+_ADDRESS_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyz0123456789-/ABCDEFGHIJKLMNOPQRSTUVWXYZ._~:@+="
+)
+_MAX_ADDRESS = 64 + 1 + 200
+
+
+class InspectError(ValueError):
+    """A request the inspector refuses, or a query SQLite refused: the message says why."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def address_prefix(class_name: str | None, prefix: str) -> str:
+    """The address prefix that ``ls [CLASS] [--prefix P]`` lists (``InspectError`` if no
+    address could start with it)."""
+    if class_name is not None:
+        try:
+            check_class_name(class_name)
+        except ValueError as exc:
+            raise InspectError(str(exc)) from None
+        prefix = f"{class_name}/{prefix}"
+    if len(prefix) > _MAX_ADDRESS or not set(prefix) <= _ADDRESS_CHARS:
+        raise InspectError(f"no actor address starts with {prefix!r}")
+    return prefix
+
+
+def page_size(limit: int | None) -> int:
+    """``limit`` checked: 1 to ``MAX_PAGE``, ``DEFAULT_PAGE`` when None."""
+    if limit is None:
+        return DEFAULT_PAGE
+    if not 1 <= limit <= MAX_PAGE:
+        raise InspectError(f"limit must be 1-{MAX_PAGE}, got {limit}")
+    return limit
+
+
+def list_actors(registry: Registry, prefix: str, after: str | None, limit: int) -> dict[str, Any]:
+    """A page of the registered actors whose address starts with ``prefix``, after the address
+    ``after``: ``{"actors": [{"address", "created_at"}], "next": cursor or None}``."""
+    rows = registry.page(prefix, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "actors": [{"address": address, "created_at": created} for address, created in rows],
+        "next": rows[-1][0] if more else None,
+    }
+
+
+def list_alarms(rows: Sequence[tuple[str, float]], limit: int) -> dict[str, Any]:
+    """A page of alarm entries (``(address, at)``, one more than ``limit`` asked for)."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "alarms": [{"address": address, "at": at} for address, at in rows],
+        "next": f"{rows[-1][1]!r} {rows[-1][0]}" if more else None,
+    }
+
+
+def alarm_cursor(after: str | None) -> tuple[float, str] | None:
+    """The ``next`` of an alarm page read back (``InspectError`` if it is not one)."""
+    if after is None:
+        return None
+    at, _, address = after.partition(" ")
+    try:
+        split_address(address)
+        return float(at), address
+    except ValueError:
+        raise InspectError(f"not an alarm cursor: {after!r}") from None
+
+
+def database_path(actors_root: Path, address: str) -> Path:
+    """The database file of ``address`` (``InspectError`` if it is not an address)."""
+    try:
+        class_name, name = split_address(address)
+    except ValueError as exc:
+        raise InspectError(str(exc)) from None
+    return actor_path(actors_root, class_name, name)
+
+
+@contextmanager
+def open_read_only(path: Path, max_steps: int = MAX_STEPS) -> Iterator[sqlite3.Connection]:
+    """A connection to the database at ``path`` that cannot write and creates no file, whose
+    statements are stopped after ``max_steps`` steps (``InspectError`` 404 if there is no
+    database)."""
+    try:
+        if path.stat().st_size == 0:
+            raise InspectError("the actor's database is empty", 404)
+    except FileNotFoundError:
+        raise InspectError("no such actor", 404) from None
+    wal = path.with_name(path.name + "-wal")
+    uri = f"file:{quote(str(path))}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise InspectError(f"cannot open the actor's database: {exc}", 500) from None
+    try:
+        conn.execute("PRAGMA query_only=1")
+        conn.set_authorizer(_only_reads)
+        steps = [0]
+
+        def progress() -> int:
+            steps[0] += _STEP_CHECK
+            return 1 if steps[0] > max_steps else 0
+
+        conn.set_progress_handler(progress, _STEP_CHECK)
+        yield conn
+    finally:
+        conn.close()
+
+
+_READS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+
+
+def _only_reads(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_OK if action in _READS else sqlite3.SQLITE_DENY
+
+
+def describe_actor(actors_root: Path, address: str) -> dict[str, Any]:
+    """One actor's database: its file's size, its tables with their row counts (None when
+    counting took too long), its alarm and when it was created."""
+    path = database_path(actors_root, address)
+    size = _size(path) + _size(path.with_name(path.name + "-wal"))
+    with open_read_only(path) as conn:
+        try:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+                )
+            ]
+            tables = [
+                {"name": name, "rows": _count(conn, name), "internal": name in INTERNAL_TABLES}
+                for name in names
+            ]
+            alarm = read_alarm(conn)
+            identity = read_address(conn)
+        except sqlite3.Error as exc:
+            raise InspectError(f"cannot read the actor's database: {exc}", 500) from None
+    return {
+        "address": address,
+        "file": str(path),
+        "bytes": size,
+        "created_at": identity[1] if identity else None,
+        "tables": tables,
+        "alarm": None
+        if alarm is None
+        else {"at": alarm.at, "scheduled_at": alarm.scheduled_at, "retries": alarm.retry_count},
+    }
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int | None:
+    quoted = '"' + table.replace('"', '""') + '"'
+    try:
+        return int(conn.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0])
+    except sqlite3.OperationalError:  # interrupted: too many rows to count in time
+        return None
+
+
+def query(
+    actors_root: Path,
+    address: str,
+    sql: str,
+    params: Sequence[object] = (),
+    max_rows: int = MAX_ROWS,
+    max_steps: int = MAX_STEPS,
+) -> dict[str, Any]:
+    """Run one read-only statement on an actor's database: ``{"columns", "rows",
+    "truncated"}``, values as JSON can carry them (``jsonable``)."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise InspectError("want one SQL statement")
+    if not isinstance(params, list | tuple) or not all(
+        p is None or isinstance(p, int | float | str) for p in params
+    ):
+        raise InspectError("params must be a list of numbers, strings and nulls")
+    with open_read_only(database_path(actors_root, address), max_steps) as conn:
+        try:
+            cursor = conn.execute(sql, params)
+            rows = cursor.fetchmany(max_rows + 1)
+        except sqlite3.DatabaseError as exc:
+            if "interrupted" in str(exc):
+                raise InspectError(
+                    f"the query took over {max_steps:,} SQLite steps and was stopped: narrow it "
+                    "(a WHERE on an indexed column, a LIMIT)"
+                ) from None
+            if "not authorized" in str(exc) or "readonly" in str(exc):
+                raise InspectError(f"only reads are allowed: {exc}") from None
+            raise InspectError(f"SQLite refused the query: {exc}") from None
+        except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:  # e.g. two statements
+            raise InspectError(f"SQLite refused the query: {exc}") from None
+        columns = [d[0] for d in cursor.description or ()]
+    return {
+        "columns": columns,
+        "rows": [[jsonable(v) for v in row] for row in rows[:max_rows]],
+        "truncated": len(rows) > max_rows,
+    }
+
+
+def jsonable(value: object) -> object:
+    """A SQLite value as JSON carries it: blobs as ``{"base64": ...}``, infinities as
+    ``{"float": "inf"}`` (or ``"-inf"``)."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, float) and math.isinf(value):
+        return {"float": "inf" if value > 0 else "-inf"}
+    return value

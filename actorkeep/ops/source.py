@@ -1,0 +1,187 @@
+"""Where the CLI's operations commands read from: a running host's admin API, or the data
+directory itself when no host serves it (docs/operations.md).
+
+Both answer the same JSON documents. A host started with ``--admin`` writes its admin URL to
+``<data>/host/admin.json`` while it serves; a command finds the directory locked, reads the
+URL there, and asks the host. A directory no host holds is read directly, under its lock, so
+that no host starts on it meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import codec
+from ..runtime.alarm_index import LocalAlarmIndex
+from ..runtime.hostdb import HostDb
+from ..runtime.registry import Registry
+from ..runtime.storage import DataDirInUse, FileStorage
+from . import inspect
+from .inspect import InspectError
+
+TOKEN_ENV = "ACTORKEEP_ADMIN_TOKEN"
+ADMIN_FILE = "admin.json"
+
+
+class SourceError(Exception):
+    """The command cannot reach what it reads (the message says why and what to do)."""
+
+
+class Source(Protocol):
+    """What the operations commands read."""
+
+    def actors(self, prefix: str, after: str | None, limit: int) -> dict[str, Any]: ...
+
+    def show(self, address: str) -> dict[str, Any]: ...
+
+    def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]: ...
+
+    def alarms(self, due: bool, after: str | None, limit: int) -> dict[str, Any]: ...
+
+
+class Offline:
+    """A data directory no host serves, read under its lock."""
+
+    def __init__(self, data: Path, host_db: HostDb) -> None:
+        self.actors_root = data / "actors"
+        self.registry = Registry(host_db)
+        self.alarm_index = LocalAlarmIndex(host_db)
+        latest = host_db.get_meta("clock_high_water")
+        # Host time never goes back (decision 0012): no earlier than the latest it recorded.
+        self.now = max(time.time(), latest if isinstance(latest, int | float) else 0.0)
+
+    def actors(self, prefix: str, after: str | None, limit: int) -> dict[str, Any]:
+        page = inspect.list_actors(self.registry, prefix, after, limit)
+        quarantined = self.registry.quarantined()
+        for actor in page["actors"]:
+            actor["active"] = False
+            reason = quarantined.get(actor["address"])
+            actor["quarantined"] = reason[0] if reason else None
+        return page
+
+    def show(self, address: str) -> dict[str, Any]:
+        about = inspect.describe_actor(self.actors_root, address)
+        about["active"] = False
+        reason = self.registry.quarantined().get(address)
+        about["quarantined"] = reason[0] if reason else None
+        about["alarm_index"] = self.alarm_index.get(address)
+        return about
+
+    def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]:
+        return inspect.query(self.actors_root, address, sql, params)
+
+    def alarms(self, due: bool, after: str | None, limit: int) -> dict[str, Any]:
+        until = self.now if due else float("inf")
+        rows = self.alarm_index.due(until, inspect.alarm_cursor(after), limit + 1)
+        return {"now": self.now, **inspect.list_alarms(rows, limit)}
+
+
+class Online:
+    """A running host, through its admin API at ``url`` (``http://HOST:PORT``)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise SourceError(f"want the admin API as http://HOST:PORT, got {url!r}")
+        self.url = url
+        self._host = parsed.hostname
+        self._port = parsed.port or 80
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+
+    def _ask(self, method: str, path: str, query: dict[str, Any], body: Any = None) -> Any:
+        wanted = {k: v for k, v in query.items() if v is not None}
+        target = path + ("?" + urllib.parse.urlencode(wanted) if wanted else "")
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        data = None if body is None else codec.json_dumps(body)
+        headers = dict(self._headers, **({"content-type": "application/json"} if data else {}))
+        try:
+            conn.request(method, target, data, headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except OSError as exc:
+            raise SourceError(f"cannot reach the admin API at {self.url}: {exc}") from None
+        finally:
+            conn.close()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise SourceError(f"the admin API at {self.url} answered {resp.status}") from None
+        if resp.status != 200:
+            message = answer.get("message") if isinstance(answer, dict) else None
+            raise InspectError(str(message or resp.status), resp.status)
+        return answer
+
+    def actors(self, prefix: str, after: str | None, limit: int) -> dict[str, Any]:
+        query = {"prefix": prefix, "after": after, "limit": limit}
+        return dict(self._ask("GET", "/api/actors", query))
+
+    def show(self, address: str) -> dict[str, Any]:
+        return dict(self._ask("GET", "/api/actors/" + urllib.parse.quote(address), {}))
+
+    def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]:
+        path = "/api/actors/" + urllib.parse.quote(address) + "/sql"
+        return dict(self._ask("POST", path, {}, {"sql": sql, "params": params}))
+
+    def alarms(self, due: bool, after: str | None, limit: int) -> dict[str, Any]:
+        query = {"due": "1" if due else None, "after": after, "limit": limit}
+        return dict(self._ask("GET", "/api/alarms", query))
+
+
+@contextlib.contextmanager
+def open_source(data: Path, admin: str | None, token: str | None) -> Iterator[Source]:
+    """The running host's admin API (``admin``, or the one it wrote in ``data``), else the
+    data directory itself."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if admin is not None:
+        yield Online(admin, token)
+        return
+    if not (data / "host" / "host.sqlite").exists():
+        raise SourceError(f"no host database in {str(data)!r}: not a data directory (--data)")
+    storage = FileStorage(data, in_thread=False)
+    try:
+        host_db = HostDb(storage.open_host_db())
+    except DataDirInUse:
+        storage.close()
+        yield Online(_written_url(data), token)
+        return
+    try:
+        yield Offline(data, host_db)
+    finally:
+        host_db.close()
+        storage.close()
+
+
+def _written_url(data: Path) -> str:
+    try:
+        written = json.loads((data / "host" / ADMIN_FILE).read_text())
+        return str(written["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SourceError(
+            f"a host is serving {str(data)!r} without --admin: start it with --admin "
+            "127.0.0.1:8081 (or pass --admin URL here), or stop it to read the directory itself"
+        ) from None
+
+
+def write_admin_file(data: Path, url: str) -> Path:
+    """Tell the CLI where this host's admin API is (``<data>/host/admin.json``)."""
+    path = data / "host" / ADMIN_FILE
+    part = path.with_name(ADMIN_FILE + ".part")
+    part.write_text(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
+    part.replace(path)
+    return path
+
+
+def forget_admin_file(data: Path) -> None:
+    """Remove the admin file this process wrote (not one a later host wrote since)."""
+    path = data / "host" / ADMIN_FILE
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(path.read_text())["pid"] == os.getpid():
+            path.unlink()
