@@ -101,3 +101,13 @@ class Actor:
         """Remove the alarm, if any. Durable when it returns; ``wait=False``: a gated write,
         durable before the actor's next reply or call leaves."""
         await self._ak.delete_alarm(wait=wait)
+
+    async def delete_all(self) -> None:
+        """Delete everything this actor stored: every table, view and trigger of its database
+        (their indexes with them), and its alarm. Durable when it returns.
+
+        The running event goes on with the empty database; the next event gets a new instance,
+        whose ``setup()`` runs again. ``RuntimeError`` inside an open transaction. The file
+        keeps its size (SQLite reuses the free pages); ``actorkeep rm`` deletes the file.
+        """
+        await self._ak.delete_all()

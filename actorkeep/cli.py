@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import gc
 import importlib
+import importlib.metadata
 import logging
 import os
 import resource
@@ -21,7 +22,7 @@ import trio
 from .app import App
 from .front import ServerLimits, serve_http
 from .ops import commands, repair
-from .ops.admin import AdminOptions, admin_options, admin_server
+from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
 from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
 from .runtime.host import Host
 from .runtime.storage import DataDirInUse, FileStorage
@@ -59,7 +60,15 @@ def parse_access(values: list[str]) -> dict[str, str]:
     return access
 
 
-def configure_logging(fmt: str) -> None:
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def configure_logging(fmt: str, level: str = "info") -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
@@ -73,6 +82,7 @@ def configure_logging(fmt: str) -> None:
             renderer,
         ],
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(LOG_LEVELS[level]),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -131,6 +141,24 @@ def _url(sock: trio.socket.SocketType) -> str:
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
+class CannotServe(Exception):
+    """A port cannot be bound, or the data directory made: the message says which."""
+
+
+async def _listen(host: str, port: int) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise CannotServe(f"cannot serve on {host}:{port}: {exc}") from None
+
+
+def _make_data_dir(data: Path) -> None:
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CannotServe(f"cannot use {str(data)!r} as the data directory: {exc}") from None
+
+
 async def serve(
     app: App,
     app_spec: str,
@@ -142,12 +170,12 @@ async def serve(
     limited: dict[str, Any] | None = None,
     cluster: ClusterOptions | None = None,
     admin: AdminOptions | None = None,
+    access_log: bool = False,
 ) -> None:
     # Bind first: a port in use is reported before anything is made in the data directory.
-    listeners = await trio.open_tcp_listeners(port, host=bind_host)
-    admin_listeners = (
-        [] if admin is None else await trio.open_tcp_listeners(admin.port, host=admin.host)
-    )
+    listeners = await _listen(bind_host, port)
+    admin_listeners = [] if admin is None else await _listen(admin.host, admin.port)
+    _make_data_dir(data)
     if limited:
         log.warning(
             "the open-file limit holds fewer actors and connections than asked; raise it "
@@ -181,11 +209,20 @@ async def serve(
                 await beside.start(beside_host)
             also = [] if admin is None else [(admin_server(host, data, admin), admin_listeners)]
             async with trio.open_nursery() as nursery:
-                await nursery.start(
+                app_server = await nursery.start(
                     functools.partial(
-                        serve_http, host, listeners, limits, until=until_signal, also=also
+                        serve_http,
+                        host,
+                        listeners,
+                        limits,
+                        until=until_signal,
+                        also=also,
+                        access_log=access_log,
                     )
                 )
+                for admin_http, _ in also:  # its metrics count the app's connections
+                    assert isinstance(admin_http.front, AdminFront)
+                    admin_http.front.metrics.collector.server = app_server
                 admin_urls = [_url(listener.socket) for listener in admin_listeners]
                 if admin_urls:  # the CLI finds the admin API there
                     write_admin_file(data, admin_urls[0])
@@ -236,6 +273,11 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="actorkeep", description=__doc__)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"actorkeep {importlib.metadata.version('actorkeep')}",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve an app's actors over HTTP")
     p.add_argument("app", metavar="MODULE:APP")
@@ -284,6 +326,17 @@ def main(argv: list[str] | None = None) -> None:
         help="show outside clients the exception of a failed event (never in production)",
     )
     p.add_argument("--log-format", choices=["console", "json"], default="console")
+    p.add_argument(
+        "--log-level",
+        choices=list(LOG_LEVELS),
+        default="info",
+        help="the least severe lines logged (default info)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log a line for each HTTP request answered: method, target, status, milliseconds",
+    )
     p.add_argument(
         "--cluster",
         metavar="POSTGRES_URL",
@@ -358,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
     if args.command in commands.COMMANDS:
         raise SystemExit(commands.run(args))
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, args.log_level)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")
     app = load_app(args.app)
@@ -383,12 +436,6 @@ def main(argv: list[str] | None = None) -> None:
         admin = admin_options(args.admin, args.admin_token)
     except ValueError as exc:
         raise SystemExit(f"actorkeep: {exc}") from None
-    try:
-        data.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SystemExit(
-            f"actorkeep: cannot use {str(data)!r} as the data directory: {exc}"
-        ) from None
     # Past the open-file limit actors would fail to open and connections to be accepted:
     # evict actors and close waiting connections before that instead.
     open_file_limit = _raise_open_file_limit()
@@ -421,12 +468,12 @@ def main(argv: list[str] | None = None) -> None:
             limited,
             cluster,
             admin,
+            args.access_log,
         )
     except* DataDirInUse as group:
         raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
-    except* OSError as group:
-        first = group.exceptions[0]
-        raise SystemExit(f"actorkeep: cannot serve on {args.host}:{args.port}: {first}") from None
+    except* CannotServe as group:
+        raise SystemExit(f"actorkeep: {group.exceptions[0]}") from None
 
 
 if __name__ == "__main__":

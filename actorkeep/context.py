@@ -43,6 +43,9 @@ class ActorContext(Protocol):
     async def delete_alarm(self, *, wait: bool) -> None:
         """Remove the alarm."""
 
+    async def delete_all(self) -> None:
+        """Drop everything the actor stored, and its alarm."""
+
     async def call(
         self,
         address: str,

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import structlog
+
 import actorkeep as ak
 from actorkeep import wire
 from actorkeep.wire import MSGPACK_HEADERS
@@ -35,6 +37,8 @@ from actorkeep.wire.queue import (
     State,
     lease_to_wire,
 )
+
+log = structlog.get_logger("actorkeep")
 
 
 def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
@@ -379,15 +383,23 @@ class Queue(ak.Actor):
 
     def _bury(self, where: str, params: tuple[Any, ...], now: float, error: str | None) -> int:
         """Move the messages matching ``where`` to the dead letters (inside a transaction)."""
-        cur = self.sql.exec(
+        buried = self.sql.exec(
             "INSERT INTO actorkeep_queue_dead "
             "(id, body, enqueued_at, attempts, failed_at, reason, priority) "
             "SELECT id, body, enqueued_at, attempts, ?, COALESCE(?, last_error, ?), priority "
-            f"FROM actorkeep_queue WHERE {where}",
+            f"FROM actorkeep_queue WHERE {where} RETURNING id, attempts, reason",
             (now, error, MAX_ATTEMPTS_REASON, *params),
-        )
+        ).fetchall()
         self.sql.exec(f"DELETE FROM actorkeep_queue WHERE {where}", params)
-        return cur.rowcount
+        for id_, attempts, reason in buried:
+            log.warning(
+                "message dead-lettered",
+                queue=self.address,
+                id=id_,
+                attempts=attempts,
+                reason=reason,
+            )
+        return len(buried)
 
     def sweep(self, now: float) -> None:
         """Inside a transaction: dead-letter visible messages that are out of attempts (a
@@ -499,6 +511,13 @@ class Queue(ak.Actor):
             else:
                 snippet = resp.body[:300].decode("utf-8", "replace")
                 failure = f"delivery to {consumer} answered {resp.status}: {snippet}"
+        log.warning(
+            "push delivery failed",
+            queue=self.address,
+            consumer=consumer,
+            messages=len(leases),
+            error=failure[:MAX_ERROR],
+        )
         retries: list[Outcome] = [Retry(x.id, x.attempt, None, failure[:MAX_ERROR]) for x in leases]
         self.settle(self.now(), retries)
 

@@ -77,8 +77,20 @@ def _scenarios(args: argparse.Namespace, many: bool) -> list[str]:
     return [args.scenario]
 
 
+_ONE_SEED = """one seed (each takes --scenario, --faults, --bug and --cluster as above):
+  python -m sim replay SEED [--all]   run it and print the history around what it broke
+  python -m sim hash SEED             print its trace hash
+  python -m sim selfcheck SEED        run it twice, and once more under another
+                                      PYTHONHASHSEED: the same trace hash each time"""
+
+
 def sweep(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim", description="Run seeded scenarios.")
+    parser = argparse.ArgumentParser(
+        prog="python -m sim",
+        description="Run seeded scenarios.",
+        epilog=_ONE_SEED,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seeds", type=int, default=200, help="how many seeds (default 200)")
     parser.add_argument("--start", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument(

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
+import structlog
 import trio
 import trio.lowlevel
 import trio.testing
@@ -296,13 +297,23 @@ async def test_overload_answers_503_with_retry_after(
                 retry_after.append(resp.headers["retry-after"])
                 assert resp.json()["error"] == "Overloaded"
 
-        async with trio.open_nursery() as nursery:
-            for i in range(10):
-                nursery.start_soon(one, i)
-                await trio.testing.wait_all_tasks_blocked()
-        # One running and three waiting are accepted; the other six are refused at once.
-        assert sorted(statuses) == [200] * 4 + [503] * 6
-        assert retry_after == ["1"] * 6
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(one, i)
+                    await trio.testing.wait_all_tasks_blocked()
+            # One running and three waiting are accepted; the other six are refused at once.
+            assert sorted(statuses) == [200] * 4 + [503] * 6
+            assert retry_after == ["1"] * 6
+            # A burst of refusals leaves one line, and the next burst, 10 s on, one more
+            await trio.sleep(10)
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(one, i)
+                    await trio.testing.wait_all_tasks_blocked()
+        lines = [e for e in logs if e["event"] == "refusing events: an actor's inbox is full"]
+        assert [(e["address"], e["refused"]) for e in lines] == [("echo/hot", 1), ("echo/hot", 6)]
+        assert host.host.stats.inbox_full == 6 + 2
         # It recovers.
         assert await rpc(host, "echo/hot", "add", a=1) == 1
 

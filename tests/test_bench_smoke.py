@@ -36,6 +36,11 @@ def test_bench_quick_run(name: str) -> None:
     assert any("ratio" in line for line in out.splitlines()), out
 
 
+def test_instructions_quick_run() -> None:
+    out = run_quick("instructions", timeout=240)
+    assert out.count("instructions per call") == 2, out
+
+
 def test_gates_quick_run() -> None:
     """bench/gates.py --quick: every side runs and each target line is printed."""
     out = run_quick("gates", timeout=120)

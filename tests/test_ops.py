@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -248,3 +249,49 @@ def test_prefixes_no_address_can_have_are_refused() -> None:
     for cls, prefix in (("Counter", ""), (None, "a b"), (None, "é"), (None, "x" * 300)):
         with pytest.raises(InspectError):
             inspect.address_prefix(cls, prefix)
+
+
+def test_a_port_in_use_is_named_and_nothing_is_made(tmp_path: Path) -> None:
+    """``serve`` binds its ports before it touches the data directory; the message names the
+    port that is taken (the app's or the admin listener's), not a nursery's exception."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args in (("--port", str(port)), ("--port", "0", "--admin", f"127.0.0.1:{port}")):
+            done = cli("serve", APP, "--data", str(tmp_path / "d"), *args)
+            assert done.returncode == 1
+            assert done.stderr.strip() == (
+                f"actorkeep: cannot serve on 127.0.0.1:{port}: [Errno 98] Address already in use"
+            )
+            assert not (tmp_path / "d").exists()
+
+
+def test_the_version_is_printed() -> None:
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout.startswith("actorkeep 0.")
+
+
+def test_the_access_log_and_the_log_level(tmp_path: Path) -> None:
+    """``--access-log``: a line per request answered; ``--log-level warning`` leaves out the
+    info lines (the access log's among them)."""
+    server = Server(APP, tmp_path / "a", ("--access-log",))
+    try:
+        assert server.rpc("/ledger/a/_rpc/incr", {"by": 1}).status == 200
+        assert server.get("/nobody/x/").status == 404
+        assert server.stop(signal.SIGTERM) == 0
+    finally:
+        server.close()
+    lines = [line for line in server.stderr().splitlines() if "[info     ] request" in line]
+    lines = [line for line in lines if "/_actorkeep/health" not in line]  # the start's checks
+    assert len(lines) == 2
+    assert "method=POST" in lines[0] and "target=/ledger/a/_rpc/incr" in lines[0]
+    assert "status=200" in lines[0] and "ms=" in lines[0]
+    assert "status=404" in lines[1]
+    quiet = Server(APP, tmp_path / "b", ("--access-log", "--log-level", "warning"))
+    try:
+        assert quiet.rpc("/ledger/a/_rpc/incr", {"by": 1}).status == 200
+        assert quiet.stop(signal.SIGTERM) == 0
+    finally:
+        quiet.close()
+    assert "actorkeep serving" not in quiet.stderr() and "request" not in quiet.stderr()

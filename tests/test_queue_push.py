@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 import trio.testing
 
@@ -115,21 +116,32 @@ async def test_handler_outcomes(data_dir: Path, autojump_clock: trio.testing.Moc
 async def test_failing_consumer_retries_the_whole_batch_then_dead_letters(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """Each failed delivery and each dead-lettering leaves one log line."""
     async with open_host(app, data_dir) as host:
         q = Remote(host)
         # "nobody/x" is no actor class: every delivery is refused with 404
         await q.configure(Config(consumer="nobody/x", batch_size=2, max_attempts=3))
-        a, b = await q.send_batch([b"a", b"b"])
-        await trio.sleep(0.01)
-        for i in (a, b):
-            job = await q.get(i)
-            assert job.state == "delayed" and job.attempts == 1
-            assert "nobody/x" in (job.last_error or "") and "404" in (job.last_error or "")
-        await trio.sleep(60)
+        with structlog.testing.capture_logs() as logs:
+            a, b = await q.send_batch([b"a", b"b"])
+            await trio.sleep(0.01)
+            for i in (a, b):
+                job = await q.get(i)
+                assert job.state == "delayed" and job.attempts == 1
+                assert "nobody/x" in (job.last_error or "") and "404" in (job.last_error or "")
+            await trio.sleep(60)
         dead = await q.dead_letters()
         assert [(d.id, d.attempts) for d in dead] == [(a, 3), (b, 3)]
         assert "404" in dead[0].reason
         assert alarm_of(host) is None
+    failed = [e for e in logs if e["event"] == "push delivery failed"]
+    # 3 attempts of 2 messages, in batches as their backoffs fell
+    assert sum(e["messages"] for e in failed) == 6 and all("404" in e["error"] for e in failed)
+    buried = [e for e in logs if e["event"] == "message dead-lettered"]
+    assert sorted((e["id"], e["attempts"], e["queue"]) for e in buried) == [
+        (a, 3, q.address),
+        (b, 3, q.address),
+    ]
+    assert all(e["log_level"] == "warning" and "404" in e["reason"] for e in buried)
 
 
 async def test_consumer_that_refuses_the_queue(

@@ -361,3 +361,15 @@ def test_an_output_gate_that_releases_early_is_caught_by_every_checker(
     assert sim_main([*argv, "--faults", ",".join(sorted(faults))]) == 1
     replay = next(ln for ln in capsys.readouterr().out.splitlines() if "replay:" in ln)
     assert f"replay {seed} --scenario {scenario}" in replay and "--bug early-reply" in replay
+
+
+def test_the_sweep_s_help_names_the_one_seed_commands() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sim", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for command in ("replay SEED", "hash SEED", "selfcheck SEED"):
+        assert f"python -m sim {command}" in out

@@ -4,6 +4,7 @@ an ASGI app. The runtime knows none of this (docs/decisions/0014-layout.md)."""
 
 from .asgi import AsgiApp
 from .front import Front
-from .server import HttpServer, ServerLimits, serve_http
+from .limits import ServerLimits
+from .server import HttpServer, serve_http
 
 __all__ = ["AsgiApp", "Front", "HttpServer", "ServerLimits", "serve_http"]

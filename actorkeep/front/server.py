@@ -17,7 +17,6 @@ import contextlib
 import errno
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -39,6 +38,7 @@ from .http11 import (
     RequestReader,
     encode_response,
 )
+from .limits import ServerLimits
 
 log = structlog.get_logger("actorkeep")
 
@@ -55,41 +55,6 @@ RATE_WINDOW = 5.0
 MAX_REFUSING = 64
 #: What a stream raises once the client has gone.
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """What the server allows a client; every field is validated on creation."""
-
-    #: Open connections, at most. Keep it below the open-file limit minus what actors use.
-    max_connections: int = 1024
-    #: Seconds an idle keep-alive connection is kept.
-    keep_alive_timeout: float = 5.0
-    #: Requests served on one connection before it is closed (the client reconnects).
-    keep_alive_requests: int = 1000
-    #: Seconds from a connection's start (or its first byte after keep-alive) to a whole
-    #: request head.
-    header_timeout: float = 10.0
-    #: Bytes of request line and headers, at most (431 beyond).
-    max_header_bytes: int = 16 * 1024
-    #: A body, and a reply being written, get this many seconds plus one second per
-    #: ``min_rate`` bytes: a client slower than that on average is cut off (408 for a body).
-    transfer_grace: float = 10.0
-    min_rate: float = 4096.0
-    #: Seconds that requests already running get to finish at shutdown.
-    graceful_timeout: float = 5.0
-
-    def __post_init__(self) -> None:
-        for name in ("keep_alive_timeout", "header_timeout", "transfer_grace", "min_rate"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-        if not (isinstance(self.graceful_timeout, int | float) and self.graceful_timeout >= 0):
-            raise ValueError("graceful_timeout must be a number of seconds >= 0")
-        for name in ("max_connections", "keep_alive_requests", "max_header_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 
 class _Timeout(Exception):
@@ -110,9 +75,15 @@ class HttpServer:
     """Serves a ``Handler`` on listeners. ``serve_http`` runs it around a host's life."""
 
     def __init__(
-        self, front: Handler, limits: ServerLimits | None = None, inflight: ByteBudget | None = None
+        self,
+        front: Handler,
+        limits: ServerLimits | None = None,
+        inflight: ByteBudget | None = None,
+        access_log: bool = False,
     ) -> None:
         self.front = front
+        #: Log one line per request answered (method, target, status, milliseconds).
+        self.access_log = access_log
         self.host = front.host
         self.limits = limits or ServerLimits()
         self.draining = False
@@ -238,6 +209,7 @@ class HttpServer:
                 return
             assert isinstance(event, RequestHead), event
             request, event = event, None
+            started = trio.current_time() if self.access_log else 0.0
             self._conns.move(conn, "body")
             served += 1
             self._handling += 1
@@ -245,6 +217,8 @@ class HttpServer:
                 resp = await self._handle(conn, reader, stream, request)
             except _Refused as refused:
                 await self._answer(conn, reader, stream, refused.response, request.method)
+                if self.access_log:
+                    _log_access(request, refused.response.status, started)
                 return
             finally:
                 self._handling -= 1
@@ -252,6 +226,8 @@ class HttpServer:
                     self._handled_all.set()
             close = self.draining or served >= limits.keep_alive_requests or not request.keep_alive
             await self._send_response(conn, stream, request.method, resp, close)
+            if self.access_log:
+                _log_access(request, resp.status, started)
             if close or self.draining:
                 return
             self._conns.move(conn, "idle")
@@ -453,6 +429,11 @@ _REFUSAL = (
 )
 
 
+def _log_access(request: RequestHead, status: int, started: float) -> None:
+    ms = round((trio.current_time() - started) * 1000, 2)
+    log.info("request", method=request.method, target=request.target, status=status, ms=ms)
+
+
 async def serve_http(
     host: Host,
     listeners: list[trio.SocketListener],
@@ -460,18 +441,19 @@ async def serve_http(
     *,
     until: Callable[[], Awaitable[object]],
     also: Sequence[tuple[HttpServer, list[trio.SocketListener]]] = (),
+    access_log: bool = False,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Open ``host``, serve it on ``listeners`` until ``until()`` returns, then shut down;
     ``also``: other servers of the same host, each on its own listeners, that live and stop
-    with it (the admin API).
+    with it (the admin API). ``access_log``: a log line for each request answered.
 
     Shutdown: stop accepting, close idle connections, give running requests
     ``graceful_timeout`` seconds, then close the host, which answers what is still queued or
     running with 503 ``HostClosed``; those replies are written (with ``connection: close``)
     before the connections close.
     """
-    server = HttpServer(Front(host), limits)
+    server = HttpServer(Front(host), limits, access_log=access_log)
     servers = [(server, listeners), *also]
     async with trio.open_nursery() as connections:
         async with host.open():

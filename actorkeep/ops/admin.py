@@ -2,8 +2,9 @@
 app's port, that shows what the host holds (docs/operations.md).
 
 ``GET /api/actors``, ``GET /api/actors/<class>/<name>``, ``POST /api/actors/<class>/<name>/sql``
-and ``GET /api/alarms`` answer JSON. Bound to anything but loopback it wants the token in
-``authorization: Bearer ...`` (the CLI refuses to start it without one).
+and ``GET /api/alarms`` answer JSON; ``GET /metrics`` is the host's metrics for Prometheus.
+Bound to anything but loopback it wants the token in ``authorization: Bearer ...`` (the CLI
+refuses to start it without one).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
 from . import inspect
 from .inspect import InspectError
+from .metrics import CONTENT_TYPE, HostMetrics
 from .source import TOKEN_ENV
 
 #: Reads of actors' databases run in threads, one at a time, so that a slow one never
@@ -77,8 +79,9 @@ def admin_options(spec: str | None, token: str | None) -> AdminOptions | None:
 
 def admin_server(host: Host, data: Path, options: AdminOptions) -> HttpServer:
     """The admin listener's HTTP server, with its own connection cap and byte budget."""
-    front = AdminFront(host, data, options.token)
-    return HttpServer(front, ADMIN_LIMITS, ByteBudget(ADMIN_INFLIGHT))
+    return HttpServer(
+        AdminFront(host, data, options.token), ADMIN_LIMITS, ByteBudget(ADMIN_INFLIGHT)
+    )
 
 
 class AdminFront:
@@ -89,6 +92,7 @@ class AdminFront:
         self.host = host
         self.actors_root = data / "actors"
         self._token = None if token is None else f"Bearer {token}".encode()
+        self.metrics = HostMetrics(host)
 
     async def handle(
         self,
@@ -113,6 +117,10 @@ class AdminFront:
                 return _only(method, "GET") or self._actors(query)
             if path == "/api/alarms":
                 return _only(method, "GET") or self._alarms(query)
+            if path == "/metrics":
+                return _only(method, "GET") or Response(
+                    200, {"content-type": CONTENT_TYPE}, self.metrics.text()
+                )
             if path.startswith("/api/actors/"):
                 parts = path[len("/api/actors/") :].split("/")
                 address = "/".join(parts[:2])

@@ -22,11 +22,13 @@ from ..app import ActorClass
 from ..calls import ActorsClient
 from ..http import Response
 from ..sql import Sql
+from .alarm_store import ACTOR_TABLE as ALARM_TABLE
 from .alarm_store import AlarmState, read_alarm
 from .clock import Clock
 from .gate import Gate
 from .handoff import Event
 from .registry import Registry
+from .stats import HostStats
 from .storage import IDENTITY_TABLE, Database, StorageBackend
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class ActivationHost(Protocol):
     storage: StorageBackend
     clock: Clock
     rng: random.Random
+    stats: HostStats
 
     @property
     def registry(self) -> Registry: ...
@@ -140,6 +143,7 @@ class Activation:
         "alarm_touched",
         "checkpointing",
         "class_name",
+        "class_stats",
         "closed",
         "current",
         "db",
@@ -164,6 +168,7 @@ class Activation:
         self.actor_class = actor_class
         self.address = address
         self.class_name = actor_class.name
+        self.class_stats = host.stats.of_class(actor_class.name)
         self.name = name
         self.inbox: deque[Event] = deque()
         self.task: Task | None = None
@@ -190,6 +195,7 @@ class Activation:
         registered = host.registry.has(self.address)
         existed = registered or host.storage.exists(self.class_name, self.name)
         db = host.storage.open_actor(self.class_name, self.name, existing=registered)
+        host.stats.opens += 1
         try:
             conn = db.conn
             if not registered:
@@ -318,6 +324,33 @@ class Activation:
 
     async def delete_alarm(self, *, wait: bool) -> None:
         await self.host.alarms.delete(self, wait=wait)
+
+    async def delete_all(self) -> None:
+        db = self.db
+        if db is None or self.gate is None:
+            raise RuntimeError(f"{self.address}: its database is closed")
+        conn = db.conn
+        if conn.in_transaction:
+            raise RuntimeError("delete_all() cannot run inside a transaction: commit it first")
+        found = conn.execute(
+            "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
+            "AND name NOT LIKE 'sqlite_%' AND name NOT IN (?, ?)",
+            (IDENTITY_TABLE, ALARM_TABLE),
+        ).fetchall()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Tables that refer to each other go in one transaction: check their keys at the end.
+            conn.execute("PRAGMA defer_foreign_keys = ON")
+            for kind, name in sorted(found, key=lambda row: row[0] == "table"):  # tables last
+                quoted = '"' + name.replace('"', '""') + '"'
+                conn.execute(f"DROP {kind.upper()} IF EXISTS {quoted}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        await self.host.alarms.delete(self, wait=True)
+        await self.sync()  # the drops, when there was no alarm to delete
+        self.discard_instance()  # the next event sets up a new instance on the empty database
 
     def chain_for_call(self) -> tuple[str, ...]:
         """The call chain of a call this actor makes now."""

@@ -11,6 +11,7 @@ import trio
 
 from .activation import Activation
 from .handoff import STOP, wake
+from .stats import HostStats
 
 
 class Activations:
@@ -18,9 +19,16 @@ class Activations:
     activation's worker (the host's nursery)."""
 
     def __init__(
-        self, idle_timeout: float, max_active: int, start: Callable[[Activation], None]
+        self,
+        idle_timeout: float,
+        max_active: int,
+        start: Callable[[Activation], None],
+        stats: HostStats | None = None,
     ) -> None:
         self.idle_timeout = idle_timeout
+        self.stats = stats if stats is not None else HostStats()
+        #: The run's clock (``trio.current_time`` without its two calls of indirection).
+        self.now: Callable[[], float] = trio.current_time
         self.max_active = max_active
         self._start = start
         self._table: OrderedDict[str, Activation] = OrderedDict()
@@ -47,7 +55,7 @@ class Activations:
 
     def used(self, act: Activation) -> None:
         """``act`` just had an event: most recently used; idle from now."""
-        act.last_used = now = trio.current_time()
+        act.last_used = now = self.now()
         if not act.closed:
             self._table.move_to_end(act.address)
             self._note_idle(now + self.idle_timeout)
@@ -65,6 +73,7 @@ class Activations:
         """Take ``act`` out of memory: its worker ends once it has no event running."""
         self.forget(act)
         act.closed = True
+        self.stats.evictions += 1
         if act.parked:
             act.parked = False
             assert act.task is not None

@@ -44,6 +44,7 @@ from .alarm_store import (
     write_alarm_row,
 )
 from .clock import Clock
+from .stats import HostStats
 from .storage import Database, is_damage
 
 __all__ = ["AlarmIndex", "AlarmRunner", "AlarmScheduler", "LocalAlarmIndex"]
@@ -99,6 +100,7 @@ class AlarmScheduler:
         self._poked = math.inf  # the earliest time poked since the last scan
         self._scope: trio.CancelScope | None = None
         self._answered = trio.Event()  # set (and replaced) when failed storage answers again
+        self.stats = HostStats()  # the host gives its own
         index.watch(self.poke, self.retry_failed)
 
     # -- waking up -------------------------------------------------------------------------
@@ -343,6 +345,7 @@ class AlarmScheduler:
         act.alarm_touched = False
         try:
             inst = await self._runner.open_instance(act)
+            self.stats.alarms_fired += 1
             await inst.alarm(AlarmInfo(state.scheduled_at, state.retry_count))  # type: ignore[attr-defined]
             assert act.db is not None
             if act.db.conn.in_transaction:
@@ -366,8 +369,10 @@ class AlarmScheduler:
         if state.retry_count < MAX_RETRIES:
             retry_at = self.clock.now() + retry_delay(state.retry_count)
             await self.set(act, retry_at, state.scheduled_at, state.retry_count + 1)
+            self.stats.alarms_retried += 1
             return False
         self.clear(act)
+        self.stats.alarms_dropped += 1
         log.error(
             "alarm dropped after its last retry",
             address=act.address,

@@ -10,6 +10,8 @@ through here.
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Callable
 from typing import Any
 
 import outcome
@@ -30,9 +32,12 @@ from .faults import FaultHooks
 from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
 from .registry import Quarantine
+from .stats import HostStats
 from .storage import Database, is_damage, out_of_descriptors
 
 log = structlog.get_logger("actorkeep")
+#: Refusals for a full inbox are logged at most once per this many seconds.
+OVERLOAD_LOG_EVERY = 10.0
 
 #: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
 INLINE_YIELD_EVERY = 32
@@ -56,11 +61,13 @@ class Dispatcher:
         faults: FaultHooks | None,
         max_pending: int,
         gate_class: type[Gate] = Gate,
+        stats: HostStats | None = None,
     ) -> None:
         self.host = host
+        self.stats = stats if stats is not None else HostStats()
         self.gate_class = gate_class
         self.classes = classes
-        self.activations = Activations(idle_timeout, max_active, self.start_worker)
+        self.activations = Activations(idle_timeout, max_active, self.start_worker, self.stats)
         self.timeouts = timeouts
         self.failures = failures
         self.faults = faults
@@ -70,9 +77,14 @@ class Dispatcher:
         self.closing = False
         self._nursery: trio.Nursery | None = None
         self._inline_budget = INLINE_YIELD_EVERY
+        self.now: Callable[[], float] = trio.current_time
+        self._overloads = 0  # events refused for a full inbox since the last log line
+        self._overload_logged = -math.inf
 
     def start(self, nursery: trio.Nursery, quarantine: Quarantine, alarms: AlarmScheduler) -> None:
         self._nursery = nursery
+        # The run's clock, read twice per event: its method, not trio.current_time's chain.
+        self.now = self.activations.now = trio.lowlevel.current_clock().current_time
         self.quarantine = quarantine
         self.alarms = alarms
 
@@ -129,6 +141,7 @@ class Dispatcher:
         assert inst is not None
         gate = act.gate
         act.current = ev
+        started = self.now()
         damaged = False
         token = set_current_actor(inst)
         try:
@@ -140,7 +153,8 @@ class Dispatcher:
             damaged = is_damage(exc)
         finally:
             reset_current_actor(token)
-            self._after_event(act)
+            self._after_event(act)  # sets act.last_used: now
+            act.class_stats.latency[ev.kind].observe(act.last_used - started)
         if damaged:
             raise Quarantined(quarantine_message(act.address))
         if gate is not None and gate.closed:
@@ -166,12 +180,28 @@ class Dispatcher:
 
     def enqueue(self, act: Activation, ev: Event, limit: bool) -> None:
         if limit and len(act.inbox) >= self.max_pending:
+            self._note_overload(act.address)
             raise Overloaded(f"{act.address} has {len(act.inbox)} waiting events")
         act.inbox.append(ev)
         if act.parked:
             act.parked = False
             assert act.task is not None
             wake(act.task)
+
+    def _note_overload(self, address: str) -> None:
+        """Count an event refused for a full inbox; log it, at most once per
+        ``OVERLOAD_LOG_EVERY`` seconds, with how many were refused since the last line."""
+        self.stats.inbox_full += 1
+        self._overloads += 1
+        now = self.now()
+        if now - self._overload_logged >= OVERLOAD_LOG_EVERY:
+            log.warning(
+                "refusing events: an actor's inbox is full",
+                address=address,
+                max_pending=self.max_pending,
+                refused=self._overloads,
+            )
+            self._overload_logged, self._overloads = now, 0
 
     async def _worker(self, act: Activation) -> None:
         act.task = current_task()
@@ -192,6 +222,7 @@ class Dispatcher:
                     self.activations.used(act)
                     continue
                 act.current = ev
+                started = self.now()
                 try:
                     if ev.kind == "alarm":
                         assert self.alarms is not None
@@ -210,7 +241,9 @@ class Dispatcher:
                     self.timeouts.reply(ev, outcome.Error(closed))
                     raise
                 finally:
-                    self._after_event(act)
+                    self._after_event(act)  # sets act.last_used: now
+                    if ev.kind != "checkpoint":
+                        act.class_stats.latency[ev.kind].observe(act.last_used - started)
         finally:
             self.retire(act)
 

@@ -58,6 +58,8 @@ class Failures:
         except Exception:
             log.exception("rollback failed", address=act.address, file=act.where)
         act.discard_instance()
+        ev = act.current
+        act.class_stats.failed[ev.kind if ev is not None else "alarm"] += 1
         if is_damage(exc):
             return self.quarantine(act, exc)
         return self.error_reply(exc, "event failed", act.address, outside, act.where)

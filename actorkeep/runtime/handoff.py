@@ -20,6 +20,7 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 from .. import codec
 from ..errors import CallTimeout
 from ..http import Headers, Request, Response
+from .stats import HostStats
 
 _RESULT_HEADERS = {  # shared: Headers are read-only
     "msgpack": Headers({"content-type": codec.MSGPACK}),
@@ -129,7 +130,8 @@ class CallTimeouts:
     O(1).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stats: HostStats | None = None) -> None:
+        self.stats = stats if stats is not None else HostStats()
         self._by_timeout: dict[float, OrderedDict[Event, float]] = {}
         self._scope: trio.CancelScope | None = None
 
@@ -173,6 +175,7 @@ class CallTimeouts:
                     if waiter is not None:
                         ev.waiter = None
                         ev.abandoned = True
+                        self.stats.call_timeouts += 1
                         reschedule(
                             waiter, outcome.Error(CallTimeout(f"no answer within {timeout} s"))
                         )

@@ -53,6 +53,7 @@ from .intake import creation_refused, event_for
 from .rebuild import rebuild_if_needed
 from .registry import Quarantine, Registrar, Registry
 from .router import LocalRouter, Router, Target
+from .stats import HostStats
 from .storage import Database, StorageBackend
 
 log = structlog.get_logger("actorkeep")
@@ -126,8 +127,10 @@ class Host:
         self._registry: Registry | None = None
         self._registrar: Registrar | None = None
         self._quarantine: Quarantine | None = None
+        #: What the host counts as it runs (read by the metrics endpoint).
+        self.stats = HostStats()
         self._failures = Failures(self.rng, debug, self._take_out, self._saved)
-        self._timeouts = CallTimeouts()
+        self._timeouts = CallTimeouts(self.stats)
         self.dispatcher = Dispatcher(
             self,
             app.classes,
@@ -138,6 +141,7 @@ class Host:
             faults,
             max_pending,
             gate,
+            self.stats,
         )
         self.activations = self.dispatcher.activations
 
@@ -209,6 +213,7 @@ class Host:
             self._alarms = self._scheduler_class(
                 index, self.clock, self, self.dispatcher.fire_alarm, quarantine, self.buggify
             )
+            self._alarms.stats = self.stats
         except BaseException:
             host_db.close()
             self.storage.close()
@@ -256,7 +261,9 @@ class Host:
         ``chain``): the router's coroutine for it. A bad address, path or body, and
         ``ReentryError`` if ``address`` is in the chain, are raised at once."""
         class_name, name = split_address(address)
+        self.stats.calls += 1
         if address in chain:
+            self.stats.reentry_refused += 1
             check_reentry(address, chain)
         if type(body) is not bytes and not isinstance(body, bytes | bytearray):
             raise TypeError("body must be bytes")
@@ -362,6 +369,7 @@ class Host:
         timeout: float | None,
     ) -> Coroutine[Any, Any, Any]:
         """``ref.method(**args)`` from actor ``caller``: the result, or the error it means."""
+        self.stats.calls += 1
         return self.router.call_rpc(caller, chain, address, method, args, timeout)
 
     async def call_rpc_here(
@@ -386,7 +394,9 @@ class Host:
             if found is None:
                 raise RemoteError(404, "NotFound", f"no actor class {class_name!r}")
             actor_class = found
-        check_reentry(address, chain)
+        if address in chain:
+            self.stats.reentry_refused += 1
+            check_reentry(address, chain)
         forbidden = self.access.refusal(actor_class, caller)
         if forbidden is not None:
             raise Forbidden(forbidden)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -19,6 +20,8 @@ import outcome
 import structlog
 import trio
 from trio.lowlevel import Abort, Task, TrioToken, current_task, reschedule, wait_task_rescheduled
+
+from .stats import Histogram
 
 log = structlog.get_logger("actorkeep")
 
@@ -45,6 +48,8 @@ class Syncer:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._token: TrioToken | None = None
+        #: How long each thread's syncs took (one histogram a thread: no lock between them).
+        self.sync_times = [Histogram() for _ in range(threads)]
 
     def _ensure(self) -> None:
         """Threads running, answering to the current trio run (``RuntimeError`` outside one)."""
@@ -52,7 +57,12 @@ class Syncer:
         if self._threads:
             return
         for i in range(self._size):
-            thread = threading.Thread(target=self._loop, name=f"actorkeep-sync-{i}", daemon=True)
+            thread = threading.Thread(
+                target=self._loop,
+                args=(self.sync_times[i],),
+                name=f"actorkeep-sync-{i}",
+                daemon=True,
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -80,10 +90,21 @@ class Syncer:
             return
         self._jobs.put((fn, done, what))
 
-    def _loop(self) -> None:
+    def syncs(self) -> Histogram:
+        """The durations of every sync so far, all threads together."""
+        total = Histogram()
+        for times in self.sync_times:
+            total.add(times)
+        return total
+
+    def _loop(self, times: Histogram) -> None:
         while (job := self._jobs.get()) is not None:
             fn, then, what = job
+            # A real fsync's duration, in a sync thread: the simulator has no such threads.
+            started = time.perf_counter()
             result = outcome.capture(fn)
+            if what == "sync":
+                times.observe(time.perf_counter() - started)
             token = self._token
             assert token is not None
             if not isinstance(then, Task):
