@@ -295,3 +295,63 @@ def test_the_access_log_and_the_log_level(tmp_path: Path) -> None:
     finally:
         quiet.close()
     assert "actorkeep serving" not in quiet.stderr() and "request" not in quiet.stderr()
+
+
+def test_rm_deletes_a_stopped_host_s_actor_and_its_alarm(tmp_path: Path) -> None:
+    """``rm`` forgets the actor and its alarm, deletes its files, and the next host starts it
+    afresh (not as damage); a running host refuses it, and an unknown actor makes nothing."""
+    data = tmp_path / "data"
+    server = Server(APP, data, ("--admin", "127.0.0.1:0"))
+    try:
+        fill(server)
+        refused = cli("rm", "alarmer/x", "--data", str(data))
+        assert refused.returncode == 1 and "stop the host" in refused.stderr
+        assert server.stop(signal.SIGTERM) == 0
+    finally:
+        server.close()
+    path = inspect.database_path(data / "actors", "alarmer/x")
+    assert path.exists()
+    gone = cli_json("rm", "alarmer/x", "--data", str(data))
+    assert gone["deleted"] == "alarmer/x" and gone["bytes"] > 0
+    assert not any(path.parent.iterdir())
+    assert "alarmer/x" not in [a["address"] for a in cli_json("ls", "--data", str(data))["actors"]]
+    assert cli_json("alarms", "--data", str(data))["alarms"] == []
+    missing = cli("rm", "ledger/nobody", "--data", str(data))
+    assert missing.returncode == 1 and "no such actor" in missing.stderr
+    assert not inspect.database_path(data / "actors", "ledger/nobody").parent.exists()
+    again = Server(APP, data, ())
+    try:
+        reply = again.get("/alarmer/x/")
+        assert reply.status == 200 and reply.json()["alarm"] is None and reply.json()["fired"] == []
+        assert again.count("ledger/a") == 2  # the others are untouched
+    finally:
+        again.close()
+
+
+def test_a_backup_made_while_the_host_runs_is_served_as_it_was(tmp_path: Path) -> None:
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    server = Server(APP, data, ("--admin", "127.0.0.1:0"))
+    try:
+        fill(server)
+        for bad, why in (
+            ("relative/dir", "absolute"),
+            (str(data / "inside"), "inside the data directory"),
+            (str(data), "not an empty directory"),
+        ):
+            port = int(admin_url(data).rpartition(":")[2])
+            reply = http_request(port, "POST", "/api/backup", json.dumps({"dest": bad}).encode())
+            assert reply.status == 400 and why in reply.json()["message"], reply.json()
+        assert not (data / "inside").exists()
+        done = cli_json("backup", str(copy), "--data", str(data))
+        assert done == {"dest": str(copy), "actors": 4, "bytes": done["bytes"], "failed": []}
+        assert server.rpc("/ledger/a/_rpc/incr", {"by": 1}).status == 200  # after the copy
+    finally:
+        server.close()
+    restored = Server(APP, copy, ())
+    try:
+        assert restored.count("ledger/a") == 2 and restored.count("ledger/c") == 2
+        assert restored.get("/alarmer/x/").json()["alarm"] is not None
+    finally:
+        restored.close()
+    alarms = cli_json("alarms", "--data", str(copy))
+    assert [a["address"] for a in alarms["alarms"]] == ["alarmer/x"]

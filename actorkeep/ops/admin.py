@@ -25,7 +25,7 @@ from ..front.server import HttpServer
 from ..http import Response, error_response, parse_query
 from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
-from . import inspect
+from . import backup, inspect
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
 from .source import TOKEN_ENV
@@ -117,6 +117,8 @@ class AdminFront:
                 return _only(method, "GET") or self._actors(query)
             if path == "/api/alarms":
                 return _only(method, "GET") or self._alarms(query)
+            if path == "/api/backup":
+                return _only(method, "POST") or await self._backup(body)
             if path == "/metrics":
                 return _only(method, "GET") or Response(
                     200, {"content-type": CONTENT_TYPE}, self.metrics.text()
@@ -165,6 +167,23 @@ class AdminFront:
         about["quarantined"] = self.host.quarantined.get(address)
         about["alarm_index"] = self.host.alarm_index.get(address)
         return Response.json(about)
+
+    async def _backup(self, body: bytes) -> Response:
+        try:
+            asked = codec.json_loads(body)
+        except ValueError:
+            asked = None
+        if (
+            not isinstance(asked, dict)
+            or set(asked) != {"dest"}
+            or not isinstance(asked["dest"], str)
+        ):
+            raise InspectError('want a JSON body {"dest": "/absolute/path"}')
+        dest = backup.check_destination(Path(asked["dest"]))
+        answer = await trio.to_thread.run_sync(
+            backup.backup, self.actors_root.parent, dest, limiter=_READERS
+        )
+        return Response.json(answer)
 
     async def _sql(self, address: str, body: bytes) -> Response:
         try:

@@ -1,4 +1,5 @@
-"""The CLI's operations commands: ``ls``, ``show``, ``sql`` and ``alarms`` (docs/operations.md).
+"""The CLI's operations commands: ``ls``, ``show``, ``sql``, ``alarms``, ``rm`` and ``backup``
+(docs/operations.md).
 
 Each works against a running host, through its admin API, and on a data directory no host
 serves. Human-readable tables by default; ``--json`` prints the admin API's own document.
@@ -14,10 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .backup import check_destination
 from .inspect import InspectError, address_prefix, page_size
 from .source import Source, SourceError, open_source
 
-COMMANDS = ("ls", "show", "sql", "alarms")
+COMMANDS = ("ls", "show", "sql", "alarms", "rm", "backup")
 
 
 def add_parsers(sub: Any) -> None:
@@ -55,6 +57,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--due", action="store_true", help="only alarms due now")
     p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
     p.add_argument("--limit", type=int, help="alarms per page (100; at most 1,000)")
+    p = command("rm", "delete an actor's database and its alarm (no host may serve --data)")
+    p.add_argument("address", metavar="ADDRESS", help="CLASS/NAME")
+    p = command("backup", "copy every actor's database to DEST, while the host runs or not")
+    p.add_argument("dest", metavar="DEST", help="a new or empty directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2))
     else:
         _SHOW[args.command](answer)
-    return 0
+    return 1 if answer.get("failed") else 0  # a backup that left files out
 
 
 def _ask_ls(source: Source, args: argparse.Namespace) -> dict[str, Any]:
@@ -88,6 +94,14 @@ def _ask_alarms(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     return source.alarms(args.due, args.after, page_size(args.limit))
 
 
+def _ask_rm(source: Source, args: argparse.Namespace) -> dict[str, Any]:
+    return source.remove(args.address)
+
+
+def _ask_backup(source: Source, args: argparse.Namespace) -> dict[str, Any]:
+    return source.backup(check_destination(Path(args.dest).resolve()))
+
+
 def _param(text: str) -> object:
     """A ``--param`` value: a number if it reads as one, else the text."""
     for kind in (int, float):
@@ -103,6 +117,8 @@ _ASK: dict[str, Callable[[Source, argparse.Namespace], dict[str, Any]]] = {
     "show": _ask_show,
     "sql": _ask_sql,
     "alarms": _ask_alarms,
+    "rm": _ask_rm,
+    "backup": _ask_backup,
 }
 
 
@@ -182,6 +198,14 @@ def _show_sql(answer: dict[str, Any]) -> None:
         print(f"(first {len(answer['rows']):,} rows)")
 
 
+def _show_backup(answer: dict[str, Any]) -> None:
+    print(f"copied {answer['actors']:,} actors ({answer['bytes']:,} bytes) to {answer['dest']}")
+    for failure in answer["failed"]:
+        print(f"  NOT COPIED {failure['file']}: {failure['error']}")
+    if answer["failed"]:
+        print("(serve the copy with `actorkeep serve --data DEST` only once these are dealt with)")
+
+
 def _show_alarms(page: dict[str, Any]) -> None:
     now = page["now"]
     rows = [(when(a["at"]), "yes" if a["at"] <= now else "", a["address"]) for a in page["alarms"]]
@@ -195,4 +219,6 @@ _SHOW: dict[str, Callable[[dict[str, Any]], None]] = {
     "show": _show_show,
     "sql": _show_sql,
     "alarms": _show_alarms,
+    "rm": lambda answer: print(f"deleted {answer['deleted']} ({answer['bytes']:,} bytes)"),
+    "backup": _show_backup,
 }

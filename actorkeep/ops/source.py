@@ -19,12 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import trio
+
 from .. import codec
 from ..runtime.alarm_index import LocalAlarmIndex
 from ..runtime.hostdb import HostDb
 from ..runtime.registry import Registry
 from ..runtime.storage import DataDirInUse, FileStorage
 from . import inspect
+from .backup import backup
 from .inspect import InspectError
 
 TOKEN_ENV = "ACTORKEEP_ADMIN_TOKEN"
@@ -46,11 +49,17 @@ class Source(Protocol):
 
     def alarms(self, due: bool, after: str | None, limit: int) -> dict[str, Any]: ...
 
+    def remove(self, address: str) -> dict[str, Any]: ...
+
+    def backup(self, dest: Path) -> dict[str, Any]: ...
+
 
 class Offline:
     """A data directory no host serves, read under its lock."""
 
     def __init__(self, data: Path, host_db: HostDb) -> None:
+        self.data = data
+        self.host_db = host_db
         self.actors_root = data / "actors"
         self.registry = Registry(host_db)
         self.alarm_index = LocalAlarmIndex(host_db)
@@ -83,6 +92,32 @@ class Offline:
         rows = self.alarm_index.due(until, inspect.alarm_cursor(after), limit + 1)
         return {"now": self.now, **inspect.list_alarms(rows, limit)}
 
+    def remove(self, address: str) -> dict[str, Any]:
+        """Delete an actor's database and forget it. The host database forgets it first,
+        durably: a crash before the files go leaves an actor the next host finds and registers
+        again (run ``rm`` once more), never a registered actor without its file."""
+        path = inspect.database_path(self.actors_root, address)
+        files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
+        if not self.registry.has(address) and not path.exists():
+            raise InspectError("no such actor", 404)
+        size = sum(f.stat().st_size for f in files if f.exists())
+        self.alarm_index.remove(address)
+        self.registry.release(address)
+        self.registry.forget(address)
+        trio.run(self.host_db.sync)
+        for f in files:
+            f.unlink(missing_ok=True)
+        if path.parent.exists():
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the unlinks, durable
+            finally:
+                os.close(fd)
+        return {"deleted": address, "bytes": size}
+
+    def backup(self, dest: Path) -> dict[str, Any]:
+        return backup(self.data, dest)
+
 
 class Online:
     """A running host, through its admin API at ``url`` (``http://HOST:PORT``)."""
@@ -96,10 +131,17 @@ class Online:
         self._port = parsed.port or 80
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
 
-    def _ask(self, method: str, path: str, query: dict[str, Any], body: Any = None) -> Any:
+    def _ask(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any],
+        body: Any = None,
+        timeout: float | None = 30.0,
+    ) -> Any:
         wanted = {k: v for k, v in query.items() if v is not None}
         target = path + ("?" + urllib.parse.urlencode(wanted) if wanted else "")
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         data = None if body is None else codec.json_dumps(body)
         headers = dict(self._headers, **({"content-type": "application/json"} if data else {}))
         try:
@@ -133,6 +175,17 @@ class Online:
     def alarms(self, due: bool, after: str | None, limit: int) -> dict[str, Any]:
         query = {"due": "1" if due else None, "after": after, "limit": limit}
         return dict(self._ask("GET", "/api/alarms", query))
+
+    def remove(self, address: str) -> dict[str, Any]:
+        raise SourceError(
+            "a running host's actors are not deleted from outside yet: stop the host, then "
+            "`actorkeep rm` deletes the file; inside the actor, `await self.delete_all()` "
+            "empties it while it runs"
+        )
+
+    def backup(self, dest: Path) -> dict[str, Any]:
+        # As long as the copy takes: the host answers when it has written the last file.
+        return dict(self._ask("POST", "/api/backup", {}, {"dest": str(dest)}, timeout=None))
 
 
 @contextlib.contextmanager
