@@ -43,6 +43,12 @@ class Actor:
     _ak: ActorContext
     _ak_db: sqlalchemy.Connection | None = None
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Called by ``app.mount(cls, name, **options)``: raise ``TypeError`` or ``ValueError``
+        for options the class cannot take, so that a mistake fails at import, not at the first
+        event. Accepts anything by default."""
+
     async def setup(self) -> None:
         """Runs before the first event of each instance. Create tables here."""
 

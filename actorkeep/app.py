@@ -105,4 +105,5 @@ class App:
             raise TypeError(f"{cls!r} is not a subclass of actorkeep.Actor")
         if name in self.classes:
             raise ValueError(f"actor class {name!r} is already registered")
+        cls.check_options(options)
         self.classes[name] = ActorClass(name, cls, access, allow, dict(options), create)

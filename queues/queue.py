@@ -105,13 +105,29 @@ class Queue(ak.Actor):
     callers_only: ClassVar[bool] = True
     cfg: Config
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """``configs={"name": ak.queue.Config(...)}``: the settings of the queues of those
+        names until ``configure()`` stores others (which then win)."""
+        unknown = set(options) - {"configs"}
+        if unknown:
+            raise TypeError(f"a Queue takes the option configs, not {sorted(unknown)}")
+        configs = options.get("configs", {})
+        if not isinstance(configs, dict) or not all(
+            isinstance(k, str) and isinstance(v, Config) for k, v in configs.items()
+        ):
+            raise TypeError("configs maps queue names to ak.queue.Config")
+
     async def setup(self) -> None:
         for statement in SCHEMA:
             self.sql.exec(statement)
         row = self.sql.exec(
             f"SELECT {_CONFIG_COLUMNS} FROM actorkeep_queue_config WHERE id = 0"
         ).fetchone()
-        self.cfg = Config(*row) if row is not None else Config()
+        if row is not None:
+            self.cfg = Config(*row)
+        else:  # as mounted, until configure() stores settings of its own
+            self.cfg = self.options.get("configs", {}).get(self.name, Config())
 
     # -- the protocol: one handler per operation of actorkeep.wire.queue, each given its
     # checked frame (checked before the queue was opened: a refused frame creates no file)

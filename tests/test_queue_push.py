@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
+import queues
 from actorkeep import codec
 from actorkeep.queue import DELIVER_PATH, Config, Lease, RetryLater
 from actorkeep.testing import open_host
@@ -354,3 +355,71 @@ async def test_an_error_text_msgpack_cannot_encode_is_recorded_not_fatal(
 
 def _deliver_frame(queue: str, leases: list[Lease]) -> bytes:
     return DELIVER.frame(queue=queue, messages=[lease_to_wire(x) for x in leases])
+
+
+mounted = ak.App()
+mounted.mount(
+    queues.Queue,
+    "queue",
+    configs={"jobs": Config(consumer="sink/s", max_attempts=2)},
+)
+sunk: list[bytes] = []
+
+
+@mounted.actor("sink")
+class Sink(ak.Actor):
+    @ak.queue.consumer()
+    async def deliver(self, message: Lease) -> None:
+        sunk.append(message.body)
+
+
+@mounted.actor("producer")
+class Producer(ak.Actor):
+    @ak.rpc
+    async def send(self, queue: str, body: str) -> int:
+        return await ak.queue.Client(queue).send(body.encode())
+
+    @ak.rpc
+    async def configure_pull(self, queue: str) -> None:
+        await ak.queue.Client(queue).configure(Config())
+
+    @ak.rpc
+    async def stats(self, queue: str) -> dict[str, int]:
+        st = await ak.queue.Client(queue).stats()
+        return {"ready": st.ready, "delayed": st.delayed}
+
+
+async def test_a_queue_s_settings_declared_at_mount_push_without_configure(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``configs=`` at mount: the queue pushes from its first send; a queue not named there
+    is a pull queue; ``configure()`` stores settings that win over the mount's, also after a
+    restart."""
+    sunk.clear()
+    async with open_host(mounted, data_dir) as host:
+
+        async def rpc(method: str, **args: Any) -> Any:
+            resp = await host.request("POST", f"/producer/p/_rpc/{method}", json=args)
+            assert resp.status == 200, resp.body
+            return resp.json()
+
+        await rpc("send", queue="queue/jobs", body="a")
+        await rpc("send", queue="queue/other", body="b")
+        await trio.sleep(1)
+        assert sunk == [b"a"]
+        assert await rpc("stats", queue="queue/other") == {"ready": 1, "delayed": 0}
+        await rpc("configure_pull", queue="queue/jobs")  # stored: a pull queue from now on
+        await host.restart()
+        await rpc("send", queue="queue/jobs", body="c")
+        await trio.sleep(1)
+        assert sunk == [b"a"]
+        assert await rpc("stats", queue="queue/jobs") == {"ready": 1, "delayed": 0}
+
+
+def test_mount_options_a_queue_cannot_take_fail_at_mount() -> None:
+    app_ = ak.App()
+    with pytest.raises(TypeError, match="configs"):
+        app_.mount(queues.Queue, "q1", config=Config())
+    with pytest.raises(TypeError, match="maps queue names"):
+        app_.mount(queues.Queue, "q2", configs={"a": {"consumer": "x/y"}})
+    assert "q1" not in app_.classes and "q2" not in app_.classes

@@ -23,15 +23,22 @@ import actorkeep as ak
 import queues
 import shards
 
+WEBHOOKS = ak.queue.Config(consumer="deliverer/main", batch_size=10, max_attempts=5)
+
 app = ak.App()
 app.mount(shards.KVShard, "kv", access="internal", allow=["api", "deliverer"])
-app.mount(queues.Queue, "queue", access="internal", allow=["api", "worker"])
+# queue/webhooks pushes to the deliverer from its first message; queue/reports is pulled.
+app.mount(
+    queues.Queue,
+    "queue",
+    access="internal",
+    allow=["api", "worker"],
+    configs={"webhooks": WEBHOOKS},
+)
 
 settings = ak.kv.Client("kv", shards=4, read_cache=5.0)
 webhooks = ak.queue.Client("queue/webhooks")
 reports = ak.queue.Client("queue/reports")
-
-WEBHOOKS = ak.queue.Config(consumer="deliverer/main", batch_size=10, max_attempts=5)
 POLL_EVERY = 1.0  # seconds between the pull worker's leases when the queue is empty
 
 
@@ -43,7 +50,6 @@ class Api(ak.Actor):
     """The public front: settings, events, report jobs, queue stats."""
 
     async def setup(self) -> None:
-        await webhooks.configure(WEBHOOKS)  # stored durably in the queue; idempotent
         await self.actors.call("worker/main", "POST", "/start")
 
     # A client's mistake is a 400 with a message, never a failed event: a failed event would

@@ -169,6 +169,11 @@ class PushConsumer(ak.Actor):
 class ObservedLeases(queues.Queue):
     """Mixed into the queue class: reports each lease it hands out, with the world's time."""
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """It takes ``recorder`` besides the queue's own options."""
+        super().check_options({k: v for k, v in options.items() if k != "recorder"})
+
     def lease(self, now: float, n: int, visibility: float, durable: bool = False) -> list[Lease]:
         leases = super().lease(now, n, visibility, durable)
         recorder: PushRecorder = self.options["recorder"]
