@@ -378,6 +378,12 @@ def main(argv: list[str] | None = None) -> None:
         help="what the admin API wants in `authorization: Bearer ...` (default: "
         f"${TOKEN_ENV}); needed to bind --admin beyond loopback",
     )
+    p.add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: serve in a child process, started again whenever a .py file "
+        "under the current directory changes",
+    )
     commands.add_parsers(sub)
     q = sub.add_parser(
         "quarantine",
@@ -411,6 +417,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
     if args.command in commands.COMMANDS:
         raise SystemExit(commands.run(args))
+    if args.reload:
+        from .reload import supervise
+
+        given = list(sys.argv[1:] if argv is None else argv)
+        raise SystemExit(
+            supervise([a for a in given if a != "--reload"], Path(args.data).resolve())
+        )
     configure_logging(args.log_format, args.log_level)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0-65535")
