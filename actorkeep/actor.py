@@ -110,7 +110,8 @@ class Actor:
 
     async def delete_all(self) -> None:
         """Delete everything this actor stored: every table, view and trigger of its database
-        (their indexes with them), and its alarm. Durable when it returns.
+        (their indexes with them), its ``PRAGMA user_version`` (back to 0) and its alarm.
+        Durable when it returns.
 
         The running event goes on with the empty database; the next event gets a new instance,
         whose ``setup()`` runs again. ``RuntimeError`` inside an open transaction. The file

@@ -208,46 +208,52 @@ async def serve(
             if beside_host is not None:
                 await beside.start(beside_host)
             also = [] if admin is None else [(admin_server(host, data, admin), admin_listeners)]
-            async with trio.open_nursery() as nursery:
-                app_server = await nursery.start(
-                    functools.partial(
-                        serve_http,
-                        host,
-                        listeners,
-                        limits,
-                        until=until_signal,
-                        also=also,
-                        access_log=access_log,
+            admin_urls = [_url(listener.socket) for listener in admin_listeners]
+            try:
+                async with trio.open_nursery() as nursery:
+                    app_server = await nursery.start(
+                        functools.partial(
+                            serve_http,
+                            host,
+                            listeners,
+                            limits,
+                            until=until_signal,
+                            also=also,
+                            access_log=access_log,
+                        )
                     )
-                )
-                for admin_http, _ in also:  # its metrics count the app's connections
-                    assert isinstance(admin_http.front, AdminFront)
-                    admin_http.front.metrics.collector.server = app_server
-                admin_urls = [_url(listener.socket) for listener in admin_listeners]
-                if admin_urls:  # the CLI finds the admin API there
-                    write_admin_file(data, admin_urls[0])
-                # What the app, the runtime and their imports made lives as long as the
-                # process: out of the collector's sight, a full collection scans only what was
-                # made since (29 ms pauses under load down to under 2; decision 0019).
-                gc.freeze()
-                log.info(
-                    "actorkeep serving",
-                    app=app_spec,
-                    urls=[_url(listener.socket) for listener in listeners],
-                    **({"admin": admin_urls} if admin_urls else {}),
-                    data=str(data),
-                    classes=sorted(app.classes),
-                    pid=os.getpid(),
-                    max_active=host.max_active,
-                    max_connections=limits.max_connections,
-                    **(
-                        {}
-                        if cluster is None
-                        else {"cluster_partitions": cluster.partitions, "internal": node.address}
-                    ),
-                )
-            if admin_urls:
-                forget_admin_file(data)
+                    for admin_http, _ in also:  # its metrics count the app's connections
+                        assert isinstance(admin_http.front, AdminFront)
+                        admin_http.front.metrics.collector.server = app_server
+                    if admin_urls:  # the CLI finds the admin API there
+                        write_admin_file(data, admin_urls[0])
+                    else:  # this host holds the directory: an admin file there is stale
+                        forget_admin_file(data, anyone=True)
+                    # What the app, the runtime and their imports made lives as long as the
+                    # process: out of the collector's sight, a full collection scans only what was
+                    # made since (29 ms pauses under load down to under 2; decision 0019).
+                    gc.freeze()
+                    log.info(
+                        "actorkeep serving",
+                        app=app_spec,
+                        urls=[_url(listener.socket) for listener in listeners],
+                        **({"admin": admin_urls} if admin_urls else {}),
+                        data=str(data),
+                        classes=sorted(app.classes),
+                        pid=os.getpid(),
+                        max_active=host.max_active,
+                        max_connections=limits.max_connections,
+                        **(
+                            {}
+                            if cluster is None
+                            else {
+                                "cluster_partitions": cluster.partitions,
+                                "internal": node.address,
+                            }
+                        ),
+                    )
+            finally:
+                forget_admin_file(data)  # ours only: a host started since keeps its own
             if cluster is not None:  # a planned stop: what closed actors wrote is committed,
                 await node.storage.settle()  # then the partitions are handed over
             beside.cancel_scope.cancel()

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL = 0.5  # seconds between looks at the files
+#: Seconds a stopping host gets before it is killed (its graceful time is 5 s by default).
+STOP_WAIT = 30.0
 #: Folders never watched: caches, virtual environments, version control, data.
 SKIPPED = frozenset({".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"})
 
@@ -41,7 +43,7 @@ def snapshot(root: Path, skip: Path | None = None) -> dict[Path, float]:
     for path in python_files(root, skip):
         try:
             times[path] = path.stat().st_mtime
-        except FileNotFoundError:
+        except OSError:  # gone meanwhile, a dangling or looping link: not watched
             continue
     return times
 
@@ -62,10 +64,10 @@ def supervise(argv: list[str], data: Path) -> int:
     seen = snapshot(root, data)
     while True:
         child = subprocess.Popen(command)
-        changed = _wait_for_change(child, root, data, seen, lambda: stopping)
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            child.wait()
+        try:
+            changed = _wait_for_change(child, root, data, seen, lambda: stopping)
+        finally:
+            _stop(child)
         if stopping:
             return child.returncode or 0
         if changed is None:  # the child ended by itself (an import error, a port in use)
@@ -75,6 +77,17 @@ def supervise(argv: list[str], data: Path) -> int:
                 return child.returncode or 0
         print(f"actorkeep: {changed.relative_to(root)} changed: restarting", file=sys.stderr)
         seen = snapshot(root, data)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Stop ``child`` as SIGTERM does; kill it if it is not gone after its graceful time."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=STOP_WAIT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _wait_for_change(

@@ -128,6 +128,12 @@ class Queue(ak.Actor):
             self.cfg = Config(*row)
         else:  # as mounted, until configure() stores settings of its own
             self.cfg = self.options.get("configs", {}).get(self.name, Config())
+            if self.cfg.consumer is not None:
+                # Messages sent before the mount named a consumer wait for the alarm: arm it,
+                # as configure() does.
+                due = self.next_due()
+                if due is not None:
+                    await self.arm_by(due)
 
     # -- the protocol: one handler per operation of actorkeep.wire.queue, each given its
     # checked frame (checked before the queue was opened: a refused frame creates no file)

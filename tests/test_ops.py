@@ -355,3 +355,39 @@ def test_a_backup_made_while_the_host_runs_is_served_as_it_was(tmp_path: Path) -
         restored.close()
     alarms = cli_json("alarms", "--data", str(copy))
     assert [a["address"] for a in alarms["alarms"]] == ["alarmer/x"]
+
+
+def test_an_admin_file_left_by_a_killed_host_sends_no_command_astray(tmp_path: Path) -> None:
+    """A host killed with SIGKILL leaves its admin file; the next host, started without
+    ``--admin``, removes it, and a command then says how to reach the host."""
+    data = tmp_path / "data"
+    first = Server(APP, data, ("--admin", "127.0.0.1:0"))
+    first.proc.kill()
+    first.proc.wait()
+    assert (data / "host" / "admin.json").exists()
+    second = Server(APP, data, ())
+    try:
+        assert not (data / "host" / "admin.json").exists()
+        done = cli("ls", "--data", str(data))
+        assert done.returncode == 1 and "without --admin" in done.stderr
+    finally:
+        second.close()
+
+
+def test_params_and_destinations_sqlite_or_the_disk_cannot_take_are_refused(
+    tmp_path: Path,
+) -> None:
+    root, _ = actor_db(tmp_path)
+    for params in ([1 << 63], [-(1 << 63) - 1], ["\ud800"], [True], [b"x"]):
+        with pytest.raises(InspectError, match="params"):
+            inspect.query(root, "notes/n1", "SELECT ?", params)
+    with pytest.raises(InspectError, match="Unicode"):
+        inspect.query(root, "notes/n1", "SELECT '\ud800'")
+    assert inspect.query(root, "notes/n1", "SELECT ?", [(1 << 63) - 1])["rows"] == [[(1 << 63) - 1]]
+    from actorkeep.ops.backup import backup, check_destination
+
+    for dest in (Path("/tmp/a\x00b"), Path("/tmp/\ud800")):
+        with pytest.raises(InspectError):
+            check_destination(dest)
+    with pytest.raises(InspectError, match="cannot make"):
+        backup(tmp_path, Path("/proc/nope/x"))

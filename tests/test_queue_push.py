@@ -423,3 +423,29 @@ def test_mount_options_a_queue_cannot_take_fail_at_mount() -> None:
     with pytest.raises(TypeError, match="maps queue names"):
         app_.mount(queues.Queue, "q2", configs={"a": {"consumer": "x/y"}})
     assert "q1" not in app_.classes and "q2" not in app_.classes
+
+
+pull_only = ak.App()
+pull_only.mount(queues.Queue, "queue")
+pull_only.mount(Sink, "sink")
+pull_only.mount(Producer, "producer")
+
+
+async def test_a_queue_declared_push_at_mount_delivers_what_it_held_before(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Messages sent while the queue was a pull queue go out once the mount names a consumer,
+    from the queue's first event after that deploy."""
+    sunk.clear()
+    async with open_host(pull_only, data_dir) as host:
+        resp = await host.request(
+            "POST", "/producer/p/_rpc/send", json={"queue": "queue/jobs", "body": "early"}
+        )
+        assert resp.status == 200
+        await trio.sleep(5)
+    assert sunk == []
+    async with open_host(mounted, data_dir) as host:
+        resp = await host.request("POST", "/producer/p/_rpc/stats", json={"queue": "queue/jobs"})
+        assert resp.status == 200
+        await trio.sleep(5)
+    assert sunk == [b"early"]

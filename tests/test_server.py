@@ -690,6 +690,14 @@ async def test_a_trickle_that_opens_with_a_kilobyte_is_slow_not_a_fast_upload(
         assert trickle.slow(trio.current_time(), 4 * 4096.0)
         assert conns.shed_one() and trickle.scope.cancel_called
         assert not newcomer.scope.cancel_called
+        # An upload 2 MB in, 10 ms into a new window at 100 KB/s, is not slow.
+        upload = conns.add()
+        conns.move(upload, "body")
+        upload.window_base = 2_000_000
+        upload.window_start = trio.current_time()
+        upload.held = upload.window_base + 1_000
+        mock_clock.jump(0.01)
+        assert not upload.slow(trio.current_time(), 4 * 4096.0)
     finally:
         left.close()
         right.close()

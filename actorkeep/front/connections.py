@@ -22,8 +22,10 @@ Stage = Literal["fresh", "idle", "head", "body", "busy"]
 #: its rate, before either may be closed to make room for another connection.
 FRESH_GRACE = 0.5
 JUDGE_AFTER = 0.005
-#: A body's rate is judged as if it had been coming for at least this long: a kilobyte in its
-#: first millisecond is not a fast upload (a trickle that opens with one would look like one).
+#: In its first window a body's rate is judged as if it had been coming for at least this
+#: long: a kilobyte in its first millisecond is not a fast upload (a trickle that opens with
+#: one would look like one). Later windows are judged as they are: an upload that has kept
+#: its rate so far is not taken for slow in the first milliseconds of a new window.
 RATE_SPAN = 0.1
 #: Fresh connections looked at (oldest first) for one that sent nothing, per connection shed.
 SILENT_SCAN = 16
@@ -59,8 +61,10 @@ class Connection:
         self.window_base = 0  # and how many bytes had arrived then
 
     def rate(self, now: float) -> float:
-        """Bytes per second of its body in the current window (at least ``RATE_SPAN`` long)."""
-        return (self.held - self.window_base) / max(now - self.window_start, RATE_SPAN)
+        """Bytes per second of its body in the current window (the first one at least
+        ``RATE_SPAN`` long)."""
+        span = RATE_SPAN if self.window_base == 0 else 0.001
+        return (self.held - self.window_base) / max(now - self.window_start, span)
 
     def silent(self) -> bool:
         """Whether nothing the client sent waits to be read. A new connection whose request

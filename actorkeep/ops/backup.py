@@ -1,36 +1,40 @@
 """``actorkeep backup DEST``: a copy of a data directory, made while its host runs or not,
 that ``actorkeep serve --data DEST`` serves (docs/operations.md).
 
-Every actor's database is copied with SQLite's backup API from a read-only connection
-(``inspect.open_read_only``): each copy is one consistent snapshot of its actor, taken beside
-the running host. Actors are copied one after another, so the backup as a whole is not one
-moment: an actor written during the backup may be newer than one copied before it, as after
-any crash; each actor on its own is whole. The host database is not copied: it can be rebuilt
-from the actors' files, and is, when the backup is first served, so its registry and alarm
+Every actor's database is copied with SQLite's backup API, all its pages in one step, from a
+read-only connection (``inspect.read``): each copy is one consistent snapshot of its actor,
+taken beside the running host. Actors are copied one after another, so the backup as a whole
+is not one moment: an actor written during the backup may be newer than one copied before
+it, as after any crash; each actor on its own is whole. The host database is not copied: it
+is rebuilt from the actors' files when the backup is first served, so its registry and alarm
 index describe exactly the files in the backup.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from ..address import CLASS_NAME_RE
-from .inspect import InspectError, open_read_only
-
-#: Pages copied per step of SQLite's backup: a few MiB at a time.
-_PAGES_PER_STEP = 1024
+from .inspect import InspectError, read
 
 
 def check_destination(dest: Path) -> Path:
     """``dest`` as a backup may be written there: absolute, and not an existing file or a
     non-empty directory (``InspectError``)."""
-    if not dest.is_absolute():
-        raise InspectError(f"the backup's destination must be an absolute path, not {dest}")
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise InspectError(f"{dest} exists and is not an empty directory")
+    try:
+        if b"\x00" in os.fsencode(dest):
+            raise ValueError("a NUL in the path")
+        if not dest.is_absolute():
+            raise InspectError(f"the backup's destination must be an absolute path, not {dest}")
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise InspectError(f"{dest} exists and is not an empty directory")
+    except (ValueError, OSError) as exc:  # a NUL or a lone surrogate in it; unreadable
+        # (UnicodeEncodeError is a ValueError)
+        raise InspectError(f"not a usable destination: {exc}") from None
     return dest
 
 
@@ -40,22 +44,15 @@ def backup(data: Path, dest: Path) -> dict[str, Any]:
     check_destination(dest)
     if dest.resolve().is_relative_to(data.resolve()):
         raise InspectError(f"the backup's destination {dest} is inside the data directory")
+    made = _make_dirs(dest / "host")
     actors_root = data / "actors"
     copied, size, failed = 0, 0, []
-    made: set[Path] = set()
     for path in _actor_files(actors_root):
         target = dest / "actors" / path.relative_to(actors_root)
         part = target.with_name(target.name + ".part")
         try:
-            if target.parent not in made:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                made.add(target.parent)
-            with open_read_only(path, max_steps=1 << 62) as source:
-                out = sqlite3.connect(part)
-                try:
-                    source.backup(out, pages=_PAGES_PER_STEP)
-                finally:
-                    out.close()
+            made |= _make_dirs(target.parent)
+            read(path, functools.partial(_copy, to=part), max_steps=1 << 62)
             _fsync(part)
             part.replace(target)
         except (InspectError, sqlite3.Error, OSError) as exc:
@@ -64,11 +61,35 @@ def backup(data: Path, dest: Path) -> dict[str, Any]:
             continue
         copied += 1
         size += target.stat().st_size
-    (dest / "host").mkdir(parents=True, exist_ok=True)
-    for d in sorted(made | {dest / "host", dest / "actors", dest}, key=lambda p: -len(p.parts)):
-        if d.exists():
-            _fsync(d)
+    # Every directory that now names a new entry: the new ones, and the one above each.
+    for d in sorted(made | {p.parent for p in made}, key=lambda p: -len(p.parts)):
+        _fsync(d)
     return {"dest": str(dest), "actors": copied, "bytes": size, "failed": failed}
+
+
+def _copy(source: sqlite3.Connection, to: Path) -> None:
+    to.unlink(missing_ok=True)
+    out = sqlite3.connect(to)
+    try:
+        # All pages in one step: one read transaction, one snapshot. In steps, each write of
+        # the host would start the copy again.
+        source.backup(out, pages=-1)
+    finally:
+        out.close()
+
+
+def _make_dirs(path: Path) -> set[Path]:
+    """Make ``path`` and its missing parents: the ones made (``InspectError`` if it cannot)."""
+    missing = []
+    d = path
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        raise InspectError(f"cannot make {path}: {exc}") from None
+    return set(missing)
 
 
 def _actor_files(actors_root: Path) -> list[Path]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -99,7 +100,7 @@ def _ask_rm(source: Source, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ask_backup(source: Source, args: argparse.Namespace) -> dict[str, Any]:
-    return source.backup(check_destination(Path(args.dest).resolve()))
+    return source.backup(check_destination(Path(os.path.abspath(args.dest))))
 
 
 def _param(text: str) -> object:

@@ -2,12 +2,8 @@
 and alarm, a read-only query on an actor's database (docs/operations.md).
 
 The admin API calls these inside a running host (``admin.py``), the CLI on a directory no host
-serves (``commands.py``). Reading an actor's database never writes it and never creates a
-file. When the database has a write-ahead log (its actor is in memory, or its host stopped
-without closing it) it is opened read-only beside the host, and SQLite's WAL gives the read a
-consistent snapshot. Without one it is opened *immutable*, which needs no log and no
-shared-memory file; a host that opens and writes the actor during such a read can make the read
-fail (the error is reported; nothing is written).
+serves (``commands.py``). Reading an actor's database never writes it (``read`` says how, and
+when it may create SQLite's ``-shm`` file).
 """
 
 from __future__ import annotations
@@ -15,10 +11,10 @@ from __future__ import annotations
 import base64
 import math
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ..address import actor_path, check_class_name, split_address
@@ -39,6 +35,7 @@ _ADDRESS_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyz0123456789-/ABCDEFGHIJKLMNOPQRSTUVWXYZ._~:@+="
 )
 _MAX_ADDRESS = 64 + 1 + 200
+T = TypeVar("T")
 
 
 class InspectError(ValueError):
@@ -116,17 +113,18 @@ def database_path(actors_root: Path, address: str) -> Path:
 
 
 @contextmanager
-def open_read_only(path: Path, max_steps: int = MAX_STEPS) -> Iterator[sqlite3.Connection]:
-    """A connection to the database at ``path`` that cannot write and creates no file, whose
-    statements are stopped after ``max_steps`` steps (``InspectError`` 404 if there is no
-    database)."""
+def open_read_only(
+    path: Path, max_steps: int = MAX_STEPS, immutable: bool = False
+) -> Iterator[sqlite3.Connection]:
+    """A connection to the database at ``path`` that cannot write, whose statements are
+    stopped after ``max_steps`` steps (``InspectError`` 404 if there is no database).
+    ``immutable``: read the file alone, taking no lock and creating no file (``read``)."""
     try:
         if path.stat().st_size == 0:
             raise InspectError("the actor's database is empty", 404)
     except FileNotFoundError:
         raise InspectError("no such actor", 404) from None
-    wal = path.with_name(path.name + "-wal")
-    uri = f"file:{quote(str(path))}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
     except sqlite3.Error as exc:
@@ -146,6 +144,45 @@ def open_read_only(path: Path, max_steps: int = MAX_STEPS) -> Iterator[sqlite3.C
         conn.close()
 
 
+def read(path: Path, fn: Callable[[sqlite3.Connection], T], max_steps: int = MAX_STEPS) -> T:
+    """``fn(conn)`` on a read-only connection to the database at ``path``.
+
+    A database with a write-ahead log is read beside its host, in the log's snapshot (SQLite
+    creates its ``-shm`` index if the log has none, as after a crash). One without is read
+    *immutable*, which creates no ``-wal`` or ``-shm`` file (plain read-only would, and leave
+    them); if the file changed meanwhile or a log appeared (a host opened the actor and wrote
+    it), the read is done again beside the log, whose snapshot is consistent.
+    """
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        with open_read_only(path, max_steps) as conn:
+            return fn(conn)
+    before = _identity(path)
+
+    def changed() -> bool:
+        return wal.exists() or _identity(path) != before
+
+    try:
+        with open_read_only(path, max_steps, immutable=True) as conn:
+            result = fn(conn)
+    except InspectError:
+        if not changed():
+            raise
+    else:
+        if not changed():
+            return result
+    with open_read_only(path, max_steps) as conn:
+        return fn(conn)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 _READS = frozenset(
     {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 )
@@ -160,23 +197,25 @@ def describe_actor(actors_root: Path, address: str) -> dict[str, Any]:
     counting took too long), its alarm and when it was created."""
     path = database_path(actors_root, address)
     size = _size(path) + _size(path.with_name(path.name + "-wal"))
-    with open_read_only(path) as conn:
+
+    def look(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], Any, Any]:
         try:
             names = [
                 row[0]
                 for row in conn.execute(
                     "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+                    "AND lower(substr(name, 1, 7)) != 'sqlite_' ORDER BY name"
                 )
             ]
             tables = [
                 {"name": name, "rows": _count(conn, name), "internal": name in INTERNAL_TABLES}
                 for name in names
             ]
-            alarm = read_alarm(conn)
-            identity = read_address(conn)
+            return tables, read_alarm(conn), read_address(conn)
         except sqlite3.Error as exc:
             raise InspectError(f"cannot read the actor's database: {exc}", 500) from None
+
+    tables, alarm, identity = read(path, look)
     return {
         "address": address,
         "file": str(path),
@@ -216,11 +255,12 @@ def query(
     "truncated"}``, values as JSON can carry them (``jsonable``)."""
     if not isinstance(sql, str) or not sql.strip():
         raise InspectError("want one SQL statement")
-    if not isinstance(params, list | tuple) or not all(
-        p is None or isinstance(p, int | float | str) for p in params
-    ):
-        raise InspectError("params must be a list of numbers, strings and nulls")
-    with open_read_only(database_path(actors_root, address), max_steps) as conn:
+    if not isinstance(params, list | tuple) or not all(_bindable(p) for p in params):
+        raise InspectError("params must be a list of 64-bit integers, numbers, strings and nulls")
+    if not _encodable(sql):
+        raise InspectError("the SQL is not valid Unicode text")
+
+    def run(conn: sqlite3.Connection) -> tuple[list[str], list[Any]]:
         try:
             cursor = conn.execute(sql, params)
             rows = cursor.fetchmany(max_rows + 1)
@@ -235,12 +275,30 @@ def query(
             raise InspectError(f"SQLite refused the query: {exc}") from None
         except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:  # e.g. two statements
             raise InspectError(f"SQLite refused the query: {exc}") from None
-        columns = [d[0] for d in cursor.description or ()]
+        return [d[0] for d in cursor.description or ()], rows
+
+    columns, rows = read(database_path(actors_root, address), run, max_steps)
     return {
         "columns": columns,
         "rows": [[jsonable(v) for v in row] for row in rows[:max_rows]],
         "truncated": len(rows) > max_rows,
     }
+
+
+def _bindable(value: object) -> bool:
+    if value is None or isinstance(value, float):
+        return True
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(1 << 63) <= value < 1 << 63
+    return isinstance(value, str) and _encodable(value)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: SQLite takes UTF-8 only
+        return False
+    return True
 
 
 def jsonable(value: object) -> object:

@@ -124,11 +124,15 @@ class Online:
 
     def __init__(self, url: str, token: str | None) -> None:
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
+        try:
+            port = parsed.port or 80
+        except ValueError:
+            port = 0
+        if parsed.scheme != "http" or not parsed.hostname or not 0 < port < 65536:
             raise SourceError(f"want the admin API as http://HOST:PORT, got {url!r}")
         self.url = url
         self._host = parsed.hostname
-        self._port = parsed.port or 80
+        self._port = port
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
 
     def _ask(
@@ -215,6 +219,7 @@ def open_source(data: Path, admin: str | None, token: str | None) -> Iterator[So
 def _written_url(data: Path) -> str:
     try:
         written = json.loads((data / "host" / ADMIN_FILE).read_text())
+        os.kill(int(written["pid"]), 0)  # its writer still runs (a file left by a kill -9 is not)
         return str(written["url"])
     except (OSError, ValueError, KeyError, TypeError):
         raise SourceError(
@@ -232,9 +237,10 @@ def write_admin_file(data: Path, url: str) -> Path:
     return path
 
 
-def forget_admin_file(data: Path) -> None:
-    """Remove the admin file this process wrote (not one a later host wrote since)."""
+def forget_admin_file(data: Path, anyone: bool = False) -> None:
+    """Remove the admin file this process wrote (not one a later host wrote since); with
+    ``anyone``, whoever wrote it (a host that holds the directory: it is stale)."""
     path = data / "host" / ADMIN_FILE
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        if json.loads(path.read_text())["pid"] == os.getpid():
+        if anyone or json.loads(path.read_text())["pid"] == os.getpid():
             path.unlink()

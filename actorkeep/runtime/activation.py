@@ -334,7 +334,7 @@ class Activation:
             raise RuntimeError("delete_all() cannot run inside a transaction: commit it first")
         found = conn.execute(
             "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
-            "AND name NOT LIKE 'sqlite_%' AND name NOT IN (?, ?)",
+            "AND lower(substr(name, 1, 7)) != 'sqlite_' AND name NOT IN (?, ?)",
             (IDENTITY_TABLE, ALARM_TABLE),
         ).fetchall()
         conn.execute("BEGIN IMMEDIATE")
@@ -344,6 +344,7 @@ class Activation:
             for kind, name in sorted(found, key=lambda row: row[0] == "table"):  # tables last
                 quoted = '"' + name.replace('"', '""') + '"'
                 conn.execute(f"DROP {kind.upper()} IF EXISTS {quoted}")
+            conn.execute("PRAGMA user_version = 0")  # a schema version of the tables dropped
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
