@@ -391,3 +391,15 @@ def test_params_and_destinations_sqlite_or_the_disk_cannot_take_are_refused(
             check_destination(dest)
     with pytest.raises(InspectError, match="cannot make"):
         backup(tmp_path, Path("/proc/nope/x"))
+
+
+def test_counts_and_answers_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = actor_db(tmp_path)
+    monkeypatch.setattr(inspect, "MAX_COUNT", 1)
+    rows = {t["name"]: t["rows"] for t in inspect.describe_actor(root, "notes/n1")["tables"]}
+    assert rows == {"notes": None}  # over MAX_COUNT
+    with pytest.raises(InspectError, match="too big"):
+        inspect.query(root, "notes/n1", "SELECT randomblob(100000000)")
+    monkeypatch.setattr(inspect, "MAX_ANSWER_BYTES", 10)
+    big = inspect.query(root, "notes/n1", "SELECT 'abcdefgh' UNION ALL SELECT 'ijklmnop'")
+    assert big["rows"] == [["abcdefgh"]] and big["truncated"]

@@ -190,7 +190,7 @@ def _show_show(about: dict[str, Any]) -> None:
 
 
 def _count(rows: int | None) -> str:
-    return "too many to count" if rows is None else f"{rows:,}"
+    return "over 1,000,000" if rows is None else f"{rows:,}"
 
 
 def _show_sql(answer: dict[str, Any]) -> None:

@@ -24,8 +24,11 @@ from ..runtime.registry import Registry
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-#: Rows a query returns at most; the answer says when there were more.
+#: Rows a query returns at most, and their bytes; the answer says when there were more.
 MAX_ROWS = 1000
+MAX_ANSWER_BYTES = 16 << 20
+#: Rows counted per table by ``show``; past them it says "over".
+MAX_COUNT = 1_000_000
 #: SQLite virtual-machine steps a query may take (a second or so): then it is stopped.
 MAX_STEPS = 20_000_000
 _STEP_CHECK = 10_000
@@ -132,6 +135,8 @@ def open_read_only(
     try:
         conn.execute("PRAGMA query_only=1")
         conn.set_authorizer(_only_reads)
+        # No value past the answer's size (randomblob(1e9) would be one step).
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ANSWER_BYTES)
         steps = [0]
 
         def progress() -> int:
@@ -236,11 +241,16 @@ def _size(path: Path) -> int:
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
+    """The table's rows, or None past ``MAX_COUNT`` (counted row by row, so that the step
+    budget holds: a bare ``count(*)`` is one step however big the table)."""
     quoted = '"' + table.replace('"', '""') + '"'
     try:
-        return int(conn.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0])
-    except sqlite3.OperationalError:  # interrupted: too many rows to count in time
+        (n,) = conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM {quoted} LIMIT {MAX_COUNT + 1})"
+        ).fetchone()
+    except sqlite3.OperationalError:  # interrupted, or a virtual table reads refuse
         return None
+    return int(n) if n <= MAX_COUNT else None
 
 
 def query(
@@ -278,11 +288,13 @@ def query(
         return [d[0] for d in cursor.description or ()], rows
 
     columns, rows = read(database_path(actors_root, address), run, max_steps)
-    return {
-        "columns": columns,
-        "rows": [[jsonable(v) for v in row] for row in rows[:max_rows]],
-        "truncated": len(rows) > max_rows,
-    }
+    out, size = [], 0
+    for row in rows[:max_rows]:
+        size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
+        if size > MAX_ANSWER_BYTES:
+            break
+        out.append([jsonable(v) for v in row])
+    return {"columns": columns, "rows": out, "truncated": len(out) < len(rows)}
 
 
 def _bindable(value: object) -> bool:

@@ -98,7 +98,7 @@ class Offline:
         again (run ``rm`` once more), never a registered actor without its file."""
         path = inspect.database_path(self.actors_root, address)
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
-        if not self.registry.has(address) and not path.exists():
+        if not self.registry.has(address) and not any(f.exists() for f in files):
             raise InspectError("no such actor", 404)
         size = sum(f.stat().st_size for f in files if f.exists())
         self.alarm_index.remove(address)
