@@ -94,8 +94,8 @@ class Offline:
 
     def remove(self, address: str) -> dict[str, Any]:
         """Delete an actor's database and forget it. The host database forgets it first,
-        durably: a crash before the files go leaves an actor the next host finds and registers
-        again (run ``rm`` once more), never a registered actor without its file."""
+        durably: a crash before the files go leaves files that the actor's next event takes as
+        its own (run ``rm`` once more), never a registered actor without its file."""
         path = inspect.database_path(self.actors_root, address)
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
         if not self.registry.has(address) and not any(f.exists() for f in files):
