@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import trio
@@ -169,32 +170,16 @@ class AdminFront:
         return Response.json(about)
 
     async def _backup(self, body: bytes) -> Response:
-        try:
-            asked = codec.json_loads(body)
-        except ValueError:
-            asked = None
-        if (
-            not isinstance(asked, dict)
-            or set(asked) != {"dest"}
-            or not isinstance(asked["dest"], str)
-        ):
-            raise InspectError('want a JSON body {"dest": "/absolute/path"}')
-        dest = backup.check_destination(Path(asked["dest"]))
+        (dest_text,) = _fields(body, {"dest": (str, None)}, '{"dest": "/absolute/path"}')
+        dest = backup.check_destination(Path(dest_text))
         answer = await trio.to_thread.run_sync(
             backup.backup, self.actors_root.parent, dest, limiter=_READERS
         )
         return Response.json(answer)
 
     async def _sql(self, address: str, body: bytes) -> Response:
-        try:
-            asked = codec.json_loads(body)
-        except ValueError:
-            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}') from None
-        if not isinstance(asked, dict) or set(asked) - {"sql", "params"}:
-            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}')
-        sql, params = asked.get("sql"), asked.get("params", [])
-        if not isinstance(sql, str) or not isinstance(params, list):
-            raise InspectError('want a JSON body {"sql": "SELECT ...", "params": [...]}')
+        wanted: dict[str, tuple[type, Any]] = {"sql": (str, None), "params": (list, [])}
+        sql, params = _fields(body, wanted, '{"sql": "SELECT ...", "params": [...]}')
         answer = await trio.to_thread.run_sync(
             inspect.query, self.actors_root, address, sql, params, limiter=_READERS
         )
@@ -202,6 +187,24 @@ class AdminFront:
 
 
 _ERROR_NAMES = {400: "BadRequest", 404: "NotFound", 500: "StorageError"}
+
+
+def _fields(body: bytes, wanted: dict[str, tuple[type, Any]], shape: str) -> list[Any]:
+    """The fields of a JSON object body, in ``wanted``'s order: each of its type, those with a
+    None default required, no others (``InspectError`` naming ``shape`` otherwise)."""
+    try:
+        asked = codec.json_loads(body)
+    except ValueError:
+        asked = None
+    if not isinstance(asked, dict) or not set(asked) <= set(wanted):
+        raise InspectError(f"want a JSON body {shape}")
+    values = []
+    for name, (kind, default) in wanted.items():
+        value = asked.get(name, default)
+        if not isinstance(value, kind):
+            raise InspectError(f"want a JSON body {shape}")
+        values.append(value)
+    return values
 
 
 def _only(method: str, allowed: str) -> Response | None:

@@ -44,8 +44,7 @@ def add_parsers(sub: Any) -> None:
     p = command("ls", "list actors, in address order, a page at a time")
     p.add_argument("cls", nargs="?", metavar="CLASS", help="only this class's actors")
     p.add_argument("--prefix", default="", help="only names (or addresses) starting with this")
-    p.add_argument("--after", metavar="ADDRESS", help="the page after this address")
-    p.add_argument("--limit", type=int, help="actors per page (100; at most 1,000)")
+    paged(p, "actors", "ADDRESS")
     p = command("show", "one actor: its file, tables with row counts, and its alarm")
     p.add_argument("address", metavar="ADDRESS", help="CLASS/NAME")
     p = command("sql", "run one read-only SQL statement on an actor's database")
@@ -56,12 +55,17 @@ def add_parsers(sub: Any) -> None:
     )
     p = command("alarms", "list pending alarms, soonest first")
     p.add_argument("--due", action="store_true", help="only alarms due now")
-    p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
-    p.add_argument("--limit", type=int, help="alarms per page (100; at most 1,000)")
+    paged(p, "alarms", "CURSOR")
     p = command("rm", "delete an actor's database and its alarm (no host may serve --data)")
     p.add_argument("address", metavar="ADDRESS", help="CLASS/NAME")
     p = command("backup", "copy every actor's database to DEST, while the host runs or not")
     p.add_argument("dest", metavar="DEST", help="a new or empty directory")
+
+
+def paged(p: argparse.ArgumentParser, what: str, cursor: str) -> None:
+    """``--after`` and ``--limit`` of a command that lists ``what`` a page at a time."""
+    p.add_argument("--after", metavar=cursor, help=f"the page after this {cursor.lower()}")
+    p.add_argument("--limit", type=int, help=f"{what} per page (100; at most 1,000)")
 
 
 def run(args: argparse.Namespace) -> int:
