@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -13,6 +14,20 @@ if TYPE_CHECKING:
     from .calls import ActorsClient
     from .context import ActorContext
     from .sql import Sql
+
+
+COUNTER_NAME = re.compile(r"[a-z][a-z0-9_.]{0,62}")
+MAX_LABEL = 200
+_CHECKED_COUNTERS: set[tuple[str, str]] = set()  # (counter, label) pairs already checked
+
+
+def _check_counter(counter: object, label: object) -> None:
+    if not isinstance(counter, str) or COUNTER_NAME.fullmatch(counter) is None:
+        raise ValueError(f"counter name must match {COUNTER_NAME.pattern}, not {counter!r}")
+    if not isinstance(label, str) or len(label) > MAX_LABEL:
+        raise ValueError(f"label must be a str of at most {MAX_LABEL} characters")
+    if len(_CHECKED_COUNTERS) < 10_000:
+        _CHECKED_COUNTERS.add((counter, label))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +90,17 @@ class Actor:
         in simulation: ``if self.buggify("cache.evict"): self._cache.clear()``.
         """
         return self._ak.buggify(site)
+
+    def count_metric(self, counter: str, n: int = 1, *, label: str = "") -> None:
+        """Add ``n`` to the host's counter ``counter`` of this actor's class, shown at the
+        admin API's ``/metrics`` (docs/operations.md). ``label`` splits the counter (a kind of
+        operation, say); keep its values few: never an actor name or a user's id. Names
+        starting ``queue.`` and ``kv.`` are the ready classes'."""
+        if (counter, label) not in _CHECKED_COUNTERS:
+            _check_counter(counter, label)
+        if type(n) is not int or n < 0:
+            raise ValueError(f"a counter only grows: want an int >= 0, not {n!r}")
+        self._ak.count(counter, n, label)
 
     async def set_alarm(self, at: float, *, durable: bool = True, wait: bool = True) -> None:
         """Set the actor's one alarm to ``at`` (epoch seconds), replacing any earlier one.

@@ -57,6 +57,12 @@ def _file_stem(name: str) -> str:
     return stem
 
 
+#: The class name no app may mount: its one address, ``OPERATOR``, is the caller identity of the
+#: host's operator (the admin API and the CLI), which every class's access rules let through
+#: (docs/operations.md).
+OPERATOR_CLASS = "actorkeep"
+OPERATOR = "actorkeep/operator"
+
 _ESCAPE = re.compile(r"%([0-9A-F]{2})")
 
 

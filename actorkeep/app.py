@@ -6,7 +6,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal, TypeVar
 
 from .actor import Actor
-from .address import check_class_name
+from .address import OPERATOR_CLASS, check_class_name
 from .routing import RouteTable
 
 Access = Literal["public", "internal"]
@@ -105,5 +105,7 @@ class App:
             raise TypeError(f"{cls!r} is not a subclass of actorkeep.Actor")
         if name in self.classes:
             raise ValueError(f"actor class {name!r} is already registered")
+        if name == OPERATOR_CLASS:
+            raise ValueError(f"the actor class name {name!r} is the host operator's")
         cls.check_options(options)
         self.classes[name] = ActorClass(name, cls, access, allow, dict(options), create)

@@ -31,6 +31,9 @@ class ActorContext(Protocol):
     def buggify(self, site: str) -> bool:
         """Whether the simulator fires the fault at ``site`` now."""
 
+    def count(self, counter: str, n: int, label: str) -> None:
+        """Add ``n`` to the host's counter ``counter`` of the actor's class."""
+
     def sqlalchemy_connection(self) -> sqlalchemy.Connection:
         """A SQLAlchemy connection on the actor's database."""
 

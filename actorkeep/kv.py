@@ -11,7 +11,7 @@ by the actor's own call path (``self.actors.call``), with the frames of ``actork
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -20,6 +20,7 @@ import trio
 from .address import check_class_name
 from .errors import RemoteError
 from .hashing import fnv1a64
+from .http import Response
 from .runtime.activation import current_actor
 from .wire import MSGPACK_HEADERS, Op
 from .wire import kv as wire
@@ -122,6 +123,8 @@ class Client:
     cache). Reads of other actors' writes may then be that stale; this actor's own writes
     through the client update the cache. The cache is lost with the instance.
     ``timeout``: seconds each call to a shard may take (``CallTimeout`` after).
+    ``via``: for tools outside any actor, what makes a call, ``await via(address, path,
+    frame)``; by default the actor whose event is running calls.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class Client:
         shards: int = 16,
         read_cache: float | None = None,
         timeout: float | None = 30.0,
+        via: Callable[[str, str, bytes], Awaitable[Response]] | None = None,
     ) -> None:
         check_class_name(class_name)
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
@@ -141,6 +145,7 @@ class Client:
         self.read_cache = read_cache
         self.timeout = timeout
         self._addresses = [f"{class_name}/shard-{i}" for i in range(shards)]
+        self._via = via
 
     def address_of(self, key: bytes | str) -> str:
         """The shard actor that holds ``key``."""
@@ -291,9 +296,12 @@ class Client:
         return self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
     async def _call_shard(self, address: str, op: Op, frame: bytes) -> dict[str, Any]:
-        resp = await current_actor().actors.call(
-            address, "POST", op.path, frame, MSGPACK_HEADERS, self.timeout
-        )
+        if self._via is not None:
+            resp = await self._via(address, op.path, frame)
+        else:
+            resp = await current_actor().actors.call(
+                address, "POST", op.path, frame, MSGPACK_HEADERS, self.timeout
+            )
         if resp.status == 409:
             err = resp.json()
             raise Conflict(str(err["message"]), err["current_version"])

@@ -279,6 +279,7 @@ class Queue(ak.Actor):
             )
             count = cur.rowcount
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
+        self.count_metric("queue.redriven", count, label=self.address)
         return {"count": count}
 
     @wire.queue.CONFIGURE.handler
@@ -324,6 +325,7 @@ class Queue(ak.Actor):
             params,
             durable=True,
         )
+        self.count_metric("queue.sent", len(bodies), label=self.address)
         # One statement by one writer: the ids are consecutive, in the order of the rows.
         return sorted(r[0] for r in written.rows)
 
@@ -360,6 +362,7 @@ class Queue(ak.Actor):
                     self.sql.exec(update, params, durable=True)  # gates the commit
                 else:
                     self.sql.exec(update, params)
+                self.count_metric("queue.deliveries", len(rows), label=self.address)
         return [
             Lease(i, attempts + 1, body, enqueued_at) for i, attempts, body, enqueued_at in rows
         ]
@@ -370,6 +373,7 @@ class Queue(ak.Actor):
         cfg = self.cfg
         results: list[bool] = []
         earliest: float | None = None
+        acked = retried = 0
         exec_ = self.sql.exec
         with self.sql.transaction():
             for o in outcomes:
@@ -384,6 +388,7 @@ class Queue(ak.Actor):
                 results.append(True)
                 if isinstance(o, Ack):
                     exec_("DELETE FROM actorkeep_queue WHERE id = ?", (o.id,))
+                    acked += 1
                     continue
                 attempts, last_error = row
                 error = o.error if o.error is not None else last_error
@@ -400,7 +405,12 @@ class Queue(ak.Actor):
                     "WHERE id = ?",
                     (visible_at, error, o.id),
                 )
+                retried += 1
                 earliest = visible_at if earliest is None else min(earliest, visible_at)
+        if acked:
+            self.count_metric("queue.acked", acked, label=self.address)
+        if retried:
+            self.count_metric("queue.retries", retried, label=self.address)
         return results, earliest
 
     def _bury(self, where: str, params: tuple[Any, ...], now: float, error: str | None) -> int:
@@ -413,6 +423,8 @@ class Queue(ak.Actor):
             (now, error, MAX_ATTEMPTS_REASON, *params),
         ).fetchall()
         self.sql.exec(f"DELETE FROM actorkeep_queue WHERE {where}", params)
+        if buried:
+            self.count_metric("queue.dead_letters", len(buried), label=self.address)
         for id_, attempts, reason in buried:
             log.warning(
                 "message dead-lettered",
@@ -533,6 +545,7 @@ class Queue(ak.Actor):
             else:
                 snippet = resp.body[:300].decode("utf-8", "replace")
                 failure = f"delivery to {consumer} answered {resp.status}: {snippet}"
+        self.count_metric("queue.delivery_failures", 1, label=self.address)
         log.warning(
             "push delivery failed",
             queue=self.address,

@@ -160,6 +160,7 @@ class KVShard(ak.Actor):
     # wait for an fsync.
     @wire.GET.handler
     def get(self, frame: dict[str, Any]) -> dict[str, Any]:
+        self.count_metric("kv.ops", label="get")
         live = self._live(frame["key"], self._now_ms())
         if live is None:
             return {"entry": None}
@@ -171,6 +172,7 @@ class KVShard(ak.Actor):
         prefix: bytes = frame["prefix"]
         after: bytes | None = frame["after"]
         limit: int = frame["limit"]
+        self.count_metric("kv.ops", label="list")
         sql, params = list_query(prefix, after, limit, self._now_ms())
         rows = self.sql.exec(sql, params).fetchall()
         more = len(rows) > limit
@@ -208,9 +210,11 @@ class KVShard(ak.Actor):
     @wire.DELETE.handler
     async def delete(self, frame: dict[str, Any]) -> dict[str, Any] | ak.Response:
         key: bytes = frame["key"]
+        self.count_metric("kv.ops", label="delete")
         live = self._live(key, self._now_ms())
         refused = self.conflict(frame["expect"], live[0] if live else None)
         if refused is not None:
+            self.count_metric("kv.conflicts", label="delete")
             return refused
         if live is None:
             self.sql.exec("DELETE FROM actorkeep_kv WHERE key = ?", (key,))  # an expired row
@@ -223,10 +227,14 @@ class KVShard(ak.Actor):
         unless ``local``); the version and expiry, or the refusal."""
         key: bytes = frame["key"]
         if frame["expect"] is not None:  # an expectation: check it against the live version
+            self.count_metric("kv.ops", label="cas")
             live = self._live(key, self._now_ms())
             refused = self.conflict(frame["expect"], live[0] if live else None)
             if refused is not None:
+                self.count_metric("kv.conflicts", label="put")
                 return refused
+        else:
+            self.count_metric("kv.ops", label="put")
         version = self._new_version()
         ttl: float | None = frame["ttl"]
         expires_at = self._now_ms() + max(1, math.ceil(ttl * 1000)) if ttl is not None else None

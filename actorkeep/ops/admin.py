@@ -29,6 +29,7 @@ from ..runtime.host import Host
 from . import backup, inspect
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
+from .ready import Ready
 from .source import TOKEN_ENV
 
 #: Reads of actors' databases run in threads, one at a time, so that a slow one never
@@ -94,6 +95,7 @@ class AdminFront:
         self.actors_root = data / "actors"
         self._token = None if token is None else f"Bearer {token}".encode()
         self.metrics = HostMetrics(host)
+        self.ready = Ready(host)
 
     async def handle(
         self,
@@ -121,9 +123,14 @@ class AdminFront:
             if path == "/api/backup":
                 return _only(method, "POST") or await self._backup(body)
             if path == "/metrics":
-                return _only(method, "GET") or Response(
-                    200, {"content-type": CONTENT_TYPE}, self.metrics.text()
-                )
+                return _only(method, "GET") or await self._metrics()
+            if path == "/api/queues":
+                return _only(method, "GET") or Response.json(await self.ready.queues())
+            if path.startswith("/api/queues/"):
+                parts = path[len("/api/queues/") :].split("/")
+                return await self._queue(method, parts, query, body)
+            if path.startswith("/api/kv/"):
+                return await self._kv(method, path[len("/api/kv/") :].split("/"), query)
             if path.startswith("/api/actors/"):
                 parts = path[len("/api/actors/") :].split("/")
                 address = "/".join(parts[:2])
@@ -135,12 +142,57 @@ class AdminFront:
             return error_response(exc.status, _ERROR_NAMES.get(exc.status, "Error"), str(exc))
         return error_response(404, "NotFound", "no such admin path")
 
+    async def _metrics(self) -> Response:
+        self.metrics.collector.queues = (await self.ready.queues())["queues"]
+        return Response(200, {"content-type": CONTENT_TYPE}, self.metrics.text())
+
     def _authorized(self, headers: Iterable[tuple[str, str]]) -> bool:
         assert self._token is not None
         for name, value in headers:
             if name.lower() == "authorization":
                 return hmac.compare_digest(value.encode(), self._token)
         return False
+
+    async def _queue(
+        self, method: str, parts: list[str], query: dict[str, str], body: bytes
+    ) -> Response:
+        """``/api/queues/<class>/<name>[/dead | /messages/<id> | /redrive | /cancel]``."""
+        address, rest = "/".join(parts[:2]), parts[2:]
+        ready = self.ready
+        if not rest:
+            return _only(method, "GET") or Response.json(await ready.stats(address))
+        if rest == ["dead"]:
+            limit = inspect.page_size(_int(query, "limit"))
+            after = _int(query, "after")
+            return _only(method, "GET") or Response.json(await ready.dead(address, after, limit))
+        if len(rest) == 2 and rest[0] == "messages":
+            message_id = _int({"id": rest[1]}, "id") or 0
+            return _only(method, "GET") or Response.json(await ready.get(address, message_id))
+        if rest == ["redrive"]:
+            return _only(method, "POST") or Response.json(
+                await ready.redrive(address, _redrive_ids(body))
+            )
+        if rest == ["cancel"]:
+            return _only(method, "POST") or Response.json(
+                await ready.cancel(address, _fields(body, {"id": (int, None)}, '{"id": 42}')[0])
+            )
+        return error_response(404, "NotFound", "no such admin path")
+
+    async def _kv(self, method: str, parts: list[str], query: dict[str, str]) -> Response:
+        """``/api/kv/<class>?prefix=&after=&limit=&shards=`` and ``/api/kv/<class>/entry?key=``."""
+        refused = _only(method, "GET")
+        if refused is not None:
+            return refused
+        shards = _int(query, "shards")
+        if len(parts) == 1:
+            limit = inspect.page_size(_int(query, "limit"))
+            page = await self.ready.kv_list(
+                parts[0], shards, query.get("prefix", ""), query.get("after"), limit
+            )
+            return Response.json(page)
+        if len(parts) == 2 and parts[1] == "entry" and "key" in query:
+            return Response.json(await self.ready.kv_get(parts[0], shards, query["key"]))
+        return error_response(404, "NotFound", "no such admin path")
 
     def _actors(self, query: dict[str, str]) -> Response:
         prefix = inspect.address_prefix(query.get("class") or None, query.get("prefix", ""))
@@ -186,7 +238,13 @@ class AdminFront:
         return Response.json(answer)
 
 
-_ERROR_NAMES = {400: "BadRequest", 404: "NotFound", 500: "StorageError"}
+_ERROR_NAMES = {
+    400: "BadRequest",
+    404: "NotFound",
+    409: "Conflict",
+    500: "StorageError",
+    503: "Unavailable",
+}
 
 
 def _fields(body: bytes, wanted: dict[str, tuple[type, Any]], shape: str) -> list[Any]:
@@ -205,6 +263,21 @@ def _fields(body: bytes, wanted: dict[str, tuple[type, Any]], shape: str) -> lis
             raise InspectError(f"want a JSON body {shape}")
         values.append(value)
     return values
+
+
+def _redrive_ids(body: bytes) -> list[int] | None:
+    """A redrive's ``{"ids": [1, 2]}``, or ``{"ids": null}``: every dead letter."""
+    shape = '{"ids": [1, 2]} or {"ids": null} for every dead letter'
+    try:
+        asked = codec.json_loads(body)
+    except ValueError:
+        asked = None
+    if not isinstance(asked, dict) or set(asked) != {"ids"}:
+        raise InspectError(f"want a JSON body {shape}")
+    ids = asked["ids"]
+    if ids is not None and not isinstance(ids, list):
+        raise InspectError(f"want a JSON body {shape}")
+    return ids
 
 
 def _only(method: str, allowed: str) -> Response | None:

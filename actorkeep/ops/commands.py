@@ -1,5 +1,5 @@
-"""The CLI's operations commands: ``ls``, ``show``, ``sql``, ``alarms``, ``rm`` and ``backup``
-(docs/operations.md).
+"""The CLI's operations commands: ``ls``, ``show``, ``sql``, ``alarms``, ``rm``, ``backup``,
+``queue stats|dead|get|redrive|cancel`` and ``kv get|list`` (docs/operations.md).
 
 Each works against a running host, through its admin API, and on a data directory no host
 serves. Human-readable tables by default; ``--json`` prints the admin API's own document.
@@ -8,6 +8,7 @@ serves. Human-readable tables by default; ``--json`` prints the admin API's own 
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import json
 import os
@@ -20,14 +21,14 @@ from .backup import check_destination
 from .inspect import InspectError, address_prefix, page_size
 from .source import Source, SourceError, open_source
 
-COMMANDS = ("ls", "show", "sql", "alarms", "rm", "backup")
+COMMANDS = ("ls", "show", "sql", "alarms", "rm", "backup", "queue", "kv")
 
 
 def add_parsers(sub: Any) -> None:
     """Add the operations commands to the CLI's subcommands."""
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, within: Any = sub) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = within.add_parser(name, help=help, description=help)
         p.add_argument("--data", default="./data", help="data directory (default ./data)")
         p.add_argument(
             "--admin",
@@ -60,6 +61,45 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("address", metavar="ADDRESS", help="CLASS/NAME")
     p = command("backup", "copy every actor's database to DEST, while the host runs or not")
     p.add_argument("dest", metavar="DEST", help="a new or empty directory")
+    add_ready_parsers(sub, command)
+
+
+def add_ready_parsers(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """``actorkeep queue ...`` and ``actorkeep kv ...``."""
+    about = "a queue's counts, dead letters and messages; redrive and cancel"
+    queue = sub.add_parser("queue", help=about, description=about)
+    actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def on_queue(name: str, help: str) -> argparse.ArgumentParser:
+        p = command(name, help, actions)
+        p.add_argument("queue", metavar="QUEUE", help="the queue's address, CLASS/NAME")
+        return p
+
+    on_queue("stats", "messages by state, and the age of the oldest ready one")
+    p = on_queue("dead", "dead letters, oldest first, with why they failed")
+    paged(p, "dead letters", "ID")
+    on_queue("get", "one message, wherever it is").add_argument("id", type=int, metavar="ID")
+    p = on_queue("redrive", "send dead letters back to the queue (every one, or the IDs given)")
+    p.add_argument("ids", type=int, nargs="*", metavar="ID")
+    p.add_argument("--all", action="store_true", help="every dead letter (no IDs given)")
+    on_queue("cancel", "delete a waiting message").add_argument("id", type=int, metavar="ID")
+
+    about = "read a KV namespace (its shard actors): one key, or keys by prefix"
+    kv = sub.add_parser("kv", help=about, description=about)
+    actions = kv.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def on_kv(name: str, help: str) -> argparse.ArgumentParser:
+        p = command(name, help, actions)
+        p.add_argument("cls", metavar="CLASS", help="the KV shard class (app.mount's name)")
+        p.add_argument(
+            "--shards", type=int, help="the shard count the app's ak.kv.Client uses (16)"
+        )
+        return p
+
+    on_kv("get", "one key's value, version and expiry").add_argument("key", metavar="KEY")
+    p = on_kv("list", "keys in byte order, a page at a time")
+    p.add_argument("--prefix", default="", help="only keys starting with this")
+    paged(p, "keys", "KEY")
 
 
 def paged(p: argparse.ArgumentParser, what: str, cursor: str) -> None:
@@ -107,6 +147,27 @@ def _ask_backup(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     return source.backup(check_destination(Path(os.path.abspath(args.dest))))
 
 
+def _ask_queue(source: Source, args: argparse.Namespace) -> dict[str, Any]:
+    q, action = args.queue, args.action
+    if action == "stats":
+        return source.queue_stats(q)
+    if action == "dead":
+        return source.queue_dead(q, args.after and int(args.after), page_size(args.limit))
+    if action == "get":
+        return source.queue_get(q, args.id)
+    if action == "redrive":
+        if bool(args.ids) == args.all:
+            raise InspectError("give the IDs of the dead letters to redrive, or --all")
+        return source.queue_redrive(q, args.ids or None)
+    return source.queue_cancel(q, args.id)
+
+
+def _ask_kv(source: Source, args: argparse.Namespace) -> dict[str, Any]:
+    if args.action == "get":
+        return source.kv_get(args.cls, args.shards, args.key)
+    return source.kv_list(args.cls, args.shards, args.prefix, args.after, page_size(args.limit))
+
+
 def _param(text: str) -> object:
     """A ``--param`` value: a number if it reads as one, else the text."""
     for kind in (int, float):
@@ -124,6 +185,8 @@ _ASK: dict[str, Callable[[Source, argparse.Namespace], dict[str, Any]]] = {
     "alarms": _ask_alarms,
     "rm": _ask_rm,
     "backup": _ask_backup,
+    "queue": _ask_queue,
+    "kv": _ask_kv,
 }
 
 
@@ -219,6 +282,57 @@ def _show_alarms(page: dict[str, Any]) -> None:
         print(f"(more: --after '{page['next']}')")
 
 
+def _show_queue(answer: dict[str, Any]) -> None:
+    if "ready" in answer:
+        counts = [(answer[k], k) for k in ("ready", "delayed", "leased", "dead")]
+        print(answer["queue"])
+        print("  " + table(("MESSAGES", "STATE"), counts).replace("\n", "\n  "))
+        age = answer["oldest_ready_age"]
+        print(f"  oldest ready: {'-' if age is None else f'{age:.1f} s'}")
+    elif "items" in answer:
+        rows = [
+            (d["id"], d["attempts"], when(d["failed_at"]), d["reason"], preview(d["body"]))
+            for d in answer["items"]
+        ]
+        print(table(("ID", "ATTEMPTS", "FAILED", "REASON", "BODY"), rows))
+        if answer["next"] is not None:
+            print(f"(more: --after {answer['next']})")
+    elif "message" in answer:
+        m = answer["message"]
+        for k in ("id", "state", "attempts", "priority", "last_error"):
+            print(f"{k:12} {_cell(m[k])}")
+        for k in ("enqueued_at", "visible_at", "failed_at"):
+            print(f"{k:12} {when(m[k])}")
+        print(f"{'body':12} {preview(m['body'], 400)}")
+    elif "redriven" in answer:
+        print(f"redrove {answer['redriven']:,} dead letters of {answer['queue']}")
+    else:
+        done = "cancelled" if answer["cancelled"] else "not cancelled (not waiting, or gone)"
+        print(f"message {answer['id']} of {answer['queue']}: {done}")
+
+
+def _show_kv(answer: dict[str, Any]) -> None:
+    entries = answer["entries"] if "entries" in answer else [answer["entry"]]
+    if entries == [None]:
+        print("(no such key)")
+        return
+    rows = [
+        (preview(e["key"]), e["version"], when(e["expires_at"]), preview(e["value"]))
+        for e in entries
+    ]
+    print(table(("KEY", "VERSION", "EXPIRES", "VALUE"), rows))
+    if answer.get("next") is not None:
+        print(f"(more: --after '{answer['next']}')")
+
+
+def preview(value: object, width: int = 60) -> str:
+    """A stored value as text: itself if it is text, else its size."""
+    if isinstance(value, dict) and "base64" in value:
+        return f"<{len(base64.b64decode(value['base64'])):,} bytes>"
+    text = str(value["text"] if isinstance(value, dict) else value).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 _SHOW: dict[str, Callable[[dict[str, Any]], None]] = {
     "ls": _show_ls,
     "show": _show_show,
@@ -226,4 +340,6 @@ _SHOW: dict[str, Callable[[dict[str, Any]], None]] = {
     "alarms": _show_alarms,
     "rm": lambda answer: print(f"deleted {answer['deleted']} ({answer['bytes']:,} bytes)"),
     "backup": _show_backup,
+    "queue": _show_queue,
+    "kv": _show_kv,
 }

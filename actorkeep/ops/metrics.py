@@ -8,6 +8,7 @@ and event kind, never by actor (docs/operations.md lists every metric).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -28,6 +29,8 @@ class HostCollector(Collector):
     def __init__(self, host: Host) -> None:
         self.host = host
         self.server: HttpServer | None = None
+        #: The queues' counts as last asked (``Ready.queues()``), before each scrape.
+        self.queues: list[dict[str, Any]] = []
 
     def collect(self) -> Iterator[Metric]:
         host = self.host
@@ -102,6 +105,13 @@ class HostCollector(Collector):
             )
             family.add_metric([], _buckets(syncs), syncs.sum)
             yield family
+        yield from _counted(stats.counted)
+        yield _counter(
+            "actorkeep_counters_dropped",
+            "Counts of actors' counters dropped: the host keeps 10,000 label sets at most.",
+            stats.counted_dropped,
+        )
+        yield from _queue_gauges(self.queues)
         server = self.server
         if server is not None:
             yield _gauge(
@@ -117,6 +127,70 @@ class HostCollector(Collector):
                 "New connections refused (503) at the connection cap.",
                 server.refused,
             )
+
+
+_QUEUE_COUNTERS = {
+    "queue.sent": "Messages sent, by queue.",
+    "queue.deliveries": "Messages leased, by a worker or for push delivery, by queue.",
+    "queue.acked": "Messages acknowledged, by queue.",
+    "queue.retries": "Messages set to be delivered again after a failure, by queue.",
+    "queue.dead_letters": "Messages moved to the dead letters, by queue.",
+    "queue.redriven": "Dead letters sent back to their queue, by queue.",
+    "queue.cancelled": "Waiting messages cancelled, by queue.",
+    "queue.delivery_failures": "Push deliveries that failed (each retries its batch), by queue.",
+}
+_KV_COUNTERS = {
+    "kv.ops": "KV operations by shard class and kind (get, list, put, cas, delete).",
+    "kv.conflicts": "KV writes refused because their expectation failed, by class and kind.",
+}
+
+
+def _counted(counted: dict[tuple[str, str, str], int]) -> Iterator[Metric]:
+    """The counters of ``Actor.count_metric``: the queues' and KV shards' under names of their
+    own, the rest as ``actorkeep_actor_counter``."""
+    families: dict[str, CounterMetricFamily] = {}
+    for name, doc in _QUEUE_COUNTERS.items():
+        metric = "actorkeep_" + name.replace(".", "_")
+        families[name] = CounterMetricFamily(metric, doc, labels=["queue"])
+    for name, doc in _KV_COUNTERS.items():
+        metric = "actorkeep_" + name.replace(".", "_")
+        families[name] = CounterMetricFamily(metric, doc, labels=["class", "op"])
+    other = CounterMetricFamily(
+        "actorkeep_actor_counter",
+        "Counters actors count (self.count_metric), by class, counter and label.",
+        labels=["class", "counter", "label"],
+    )
+    for (class_name, counter, label), n in sorted(counted.items()):
+        family = families.get(counter)
+        if family is None:
+            other.add_metric([class_name, counter, label], n)
+        elif counter in _QUEUE_COUNTERS:
+            family.add_metric([label], n)
+        else:
+            family.add_metric([class_name, label], n)
+    yield from families.values()
+    yield other
+
+
+def _queue_gauges(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+    messages = GaugeMetricFamily(
+        "actorkeep_queue_messages",
+        "Messages by queue and state (ready, delayed, leased, dead), asked at the scrape.",
+        labels=["queue", "state"],
+    )
+    oldest = GaugeMetricFamily(
+        "actorkeep_queue_oldest_ready_seconds",
+        "Seconds since the oldest ready message of each queue was sent (0: none ready).",
+        labels=["queue"],
+    )
+    for q in queues:
+        if "error" in q:
+            continue
+        for state in ("ready", "delayed", "leased", "dead"):
+            messages.add_metric([q["queue"], state], q[state])
+        oldest.add_metric([q["queue"]], q["oldest_ready_age"] or 0.0)
+    yield messages
+    yield oldest
 
 
 def _buckets(times: Histogram) -> Sequence[tuple[str, float]]:

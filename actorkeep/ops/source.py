@@ -26,7 +26,7 @@ from ..runtime.alarm_index import LocalAlarmIndex
 from ..runtime.hostdb import HostDb
 from ..runtime.registry import Registry
 from ..runtime.storage import DataDirInUse, FileStorage
-from . import inspect
+from . import inspect, ready
 from .backup import backup
 from .inspect import InspectError
 
@@ -52,6 +52,22 @@ class Source(Protocol):
     def remove(self, address: str) -> dict[str, Any]: ...
 
     def backup(self, dest: Path) -> dict[str, Any]: ...
+
+    def queue_stats(self, address: str) -> dict[str, Any]: ...
+
+    def queue_dead(self, address: str, after: int | None, limit: int) -> dict[str, Any]: ...
+
+    def queue_get(self, address: str, id: int) -> dict[str, Any]: ...
+
+    def queue_redrive(self, address: str, ids: list[int] | None) -> dict[str, Any]: ...
+
+    def queue_cancel(self, address: str, id: int) -> dict[str, Any]: ...
+
+    def kv_get(self, class_name: str, shards: int | None, key: str) -> dict[str, Any]: ...
+
+    def kv_list(
+        self, class_name: str, shards: int | None, prefix: str, after: str | None, limit: int
+    ) -> dict[str, Any]: ...
 
 
 class Offline:
@@ -117,6 +133,36 @@ class Offline:
 
     def backup(self, dest: Path) -> dict[str, Any]:
         return backup(self.data, dest)
+
+    def queue_stats(self, address: str) -> dict[str, Any]:
+        return ready.offline_stats(self.actors_root, address, self.now)
+
+    def queue_dead(self, address: str, after: int | None, limit: int) -> dict[str, Any]:
+        return ready.offline_dead(self.actors_root, address, after, limit)
+
+    def queue_get(self, address: str, id: int) -> dict[str, Any]:
+        return ready.offline_get(self.actors_root, address, id, self.now)
+
+    def queue_redrive(self, address: str, ids: list[int] | None) -> dict[str, Any]:
+        raise SourceError(_QUEUE_WRITES)
+
+    def queue_cancel(self, address: str, id: int) -> dict[str, Any]:
+        raise SourceError(_QUEUE_WRITES)
+
+    def kv_get(self, class_name: str, shards: int | None, key: str) -> dict[str, Any]:
+        return ready.offline_kv_get(self.actors_root, class_name, shards, key, self.now)
+
+    def kv_list(
+        self, class_name: str, shards: int | None, prefix: str, after: str | None, limit: int
+    ) -> dict[str, Any]:
+        root = self.actors_root
+        return ready.offline_kv_list(root, class_name, shards, prefix, after, limit, self.now)
+
+
+_QUEUE_WRITES = (
+    "a redrive or cancel runs as one of the queue's own events (in order with its sends and "
+    "leases, its alarm set with the change): serve the app with --admin, then run it again"
+)
 
 
 class Online:
@@ -186,6 +232,36 @@ class Online:
             "`actorkeep rm` deletes the file; inside the actor, `await self.delete_all()` "
             "empties it while it runs"
         )
+
+    def _queue_path(self, address: str, rest: str = "") -> str:
+        return "/api/queues/" + urllib.parse.quote(address) + rest
+
+    def queue_stats(self, address: str) -> dict[str, Any]:
+        return dict(self._ask("GET", self._queue_path(address), {}))
+
+    def queue_dead(self, address: str, after: int | None, limit: int) -> dict[str, Any]:
+        query = {"after": after, "limit": limit}
+        return dict(self._ask("GET", self._queue_path(address, "/dead"), query))
+
+    def queue_get(self, address: str, id: int) -> dict[str, Any]:
+        return dict(self._ask("GET", self._queue_path(address, f"/messages/{id}"), {}))
+
+    def queue_redrive(self, address: str, ids: list[int] | None) -> dict[str, Any]:
+        path = self._queue_path(address, "/redrive")
+        return dict(self._ask("POST", path, {}, {"ids": ids}))
+
+    def queue_cancel(self, address: str, id: int) -> dict[str, Any]:
+        return dict(self._ask("POST", self._queue_path(address, "/cancel"), {}, {"id": id}))
+
+    def kv_get(self, class_name: str, shards: int | None, key: str) -> dict[str, Any]:
+        path = "/api/kv/" + urllib.parse.quote(class_name) + "/entry"
+        return dict(self._ask("GET", path, {"key": key, "shards": shards}))
+
+    def kv_list(
+        self, class_name: str, shards: int | None, prefix: str, after: str | None, limit: int
+    ) -> dict[str, Any]:
+        query = {"prefix": prefix, "after": after, "limit": limit, "shards": shards}
+        return dict(self._ask("GET", "/api/kv/" + urllib.parse.quote(class_name), query))
 
     def backup(self, dest: Path) -> dict[str, Any]:
         # As long as the copy takes: the host answers when it has written the last file.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..address import OPERATOR
 from ..app import ActorClass
 from ..errors import ReentryError
 
@@ -24,8 +25,11 @@ class Access:
             (self.internal.add if rule == "internal" else self.internal.discard)(class_name)
 
     def refusal(self, actor_class: ActorClass, caller: str | None) -> str | None:
-        """Why ``caller`` (None: from outside) may not call ``actor_class`` (a 403), or None."""
+        """Why ``caller`` (None: from outside) may not call ``actor_class`` (a 403), or None.
+        The host's operator (``OPERATOR``) may call every class."""
         name = actor_class.name
+        if caller == OPERATOR:
+            return None  # the host's operator (the admin API), whom no app can impersonate
         if caller is None:
             if name in self.internal:
                 return f"actor class {name!r} is internal"

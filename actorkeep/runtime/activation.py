@@ -304,6 +304,9 @@ class Activation:
     def buggify(self, site: str) -> bool:
         return self.host.buggify(site)
 
+    def count(self, counter: str, n: int, label: str) -> None:
+        self.host.stats.count(self.actor_class.name, counter, label, n)
+
     def sqlalchemy_connection(self) -> sqlalchemy.Connection:
         import sqlalchemy
         from sqlalchemy.pool import StaticPool

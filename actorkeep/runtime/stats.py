@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+#: The most distinct (class, counter, label) keys of ``Actor.count`` a host keeps; counts for
+#: keys beyond them are dropped (and counted), so that a label fed from data cannot make the
+#: metrics grow without bound.
+MAX_COUNTED = 10_000
+
 #: Upper bounds (seconds) of the latency histograms' buckets; the last bucket is +Inf.
 LATENCY_BUCKETS = (
     0.0001,
@@ -81,6 +86,20 @@ class HostStats:
         self.calls = 0  # calls between actors
         self.call_timeouts = 0  # calls whose caller stopped waiting
         self.reentry_refused = 0  # calls refused because they would re-enter a waiting actor
+        #: ``Actor.count``: (class, counter, label) -> total.
+        self.counted: dict[tuple[str, str, str], int] = {}
+        self.counted_dropped = 0  # counts refused past MAX_COUNTED keys
+
+    def count(self, class_name: str, counter: str, label: str, n: int) -> None:
+        """Add ``n`` to an actor class's counter ``counter`` labelled ``label``."""
+        key = (class_name, counter, label)
+        total = self.counted.get(key)
+        if total is not None:
+            self.counted[key] = total + n
+        elif len(self.counted) < MAX_COUNTED:
+            self.counted[key] = n
+        else:
+            self.counted_dropped += 1
 
     def of_class(self, class_name: str) -> ClassStats:
         """The stats of ``class_name`` (made at its first event)."""
