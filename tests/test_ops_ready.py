@@ -14,8 +14,8 @@ import trio
 import actorkeep as ak
 import queues
 import shards
-from actorkeep.ops import ready
 from actorkeep.ops.admin import AdminFront
+from actorkeep.ops.inspect import InspectError
 from actorkeep.ops.source import SourceError, open_source
 from actorkeep.testing import TestHost, open_host
 
@@ -210,9 +210,9 @@ async def test_a_stopped_queue_reads_the_same_and_refuses_writes(tmp_path: Path)
             source.queue_redrive("queue/jobs", None)
         with pytest.raises(SourceError, match="own events"):
             source.queue_cancel("queue/jobs", ids[4])
-        with pytest.raises(ready.InspectError, match="not a queue"):
+        with pytest.raises(InspectError, match="not a queue"):
             source.queue_stats("producer/p")
-        with pytest.raises(ready.InspectError, match="no queue"):
+        with pytest.raises(InspectError, match="no queue"):
             source.queue_stats("queue/nope")
 
 
