@@ -33,6 +33,8 @@ lint: $(VENV)/.test-deps
 	$(BIN)/mypy
 
 test: $(VENV)/.test-deps lint
+	@command -v chromium >/dev/null || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium >/dev/null; }
 	$(BIN)/python -m sim --seeds 200 --check-determinism
 	$(BIN)/python -m sim --cluster --seeds 100 --check-determinism
 	$(BIN)/python -m pytest -q

@@ -39,8 +39,8 @@ class Producer(ak.Actor):
         return await jobs.send_batch([b.encode() for b in bodies])
 
     @ak.rpc
-    async def lease(self, n: int) -> list[int]:
-        return [x.id for x in await jobs.lease(n, visibility=1.0)]
+    async def lease(self, n: int, visibility: float = 1.0) -> list[int]:
+        return [x.id for x in await jobs.lease(n, visibility=visibility)]
 
     @ak.rpc
     async def put(self, items: dict[str, str]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import trio
 
@@ -27,6 +27,7 @@ from ..http import Response, error_response, parse_query
 from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
 from . import backup, inspect
+from .dashboard import COOKIE, Dashboard
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
 from .ready import Ready
@@ -35,6 +36,13 @@ from .source import TOKEN_ENV
 #: Reads of actors' databases run in threads, one at a time, so that a slow one never
 #: holds the host's event loop.
 _READERS = trio.CapacityLimiter(1)
+
+
+def _host_name(host: str) -> str:
+    """The name of a ``host`` header, without its port."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def is_loopback(host: str) -> bool:
@@ -96,6 +104,7 @@ class AdminFront:
         self._token = None if token is None else f"Bearer {token}".encode()
         self.metrics = HostMetrics(host)
         self.ready = Ready(host)
+        self.dashboard = Dashboard(self)
 
     async def handle(
         self,
@@ -106,20 +115,33 @@ class AdminFront:
         body: bytes,
     ) -> Response:
         """Answer one request to the admin listener."""
-        if self._token is not None and not self._authorized(headers):
+        seen = {name.lower(): value for name, value in headers}
+        path = unquote(raw_path)
+        refused = self._refusal(method, seen)
+        if refused is not None:
+            return refused
+        pages_wanted = not path.startswith("/api/") and path != "/metrics"
+        if self._token is not None and not self._authorized(seen):
+            if pages_wanted:  # a person at a browser: the token form, then a cookie
+                return self.dashboard.login(
+                    method if path == "/login" else "GET", body, self._token
+                )
             return error_response(
                 401,
                 "Unauthorized",
                 "want authorization: Bearer <admin token>",
                 {"www-authenticate": "Bearer"},
             )
-        path = unquote(raw_path)
         query = parse_query(query_string)
+        if pages_wanted:
+            if path == "/login":
+                return Response(303, {"location": "/"})
+            return await self.dashboard.handle(method, path, query, body)
         try:
             if path == "/api/actors":
-                return _only(method, "GET") or self._actors(query)
+                return _only(method, "GET") or Response.json(self.actors(query))
             if path == "/api/alarms":
-                return _only(method, "GET") or self._alarms(query)
+                return _only(method, "GET") or Response.json(self.alarms(query))
             if path == "/api/backup":
                 return _only(method, "POST") or await self._backup(body)
             if path == "/metrics":
@@ -135,7 +157,7 @@ class AdminFront:
                 parts = path[len("/api/actors/") :].split("/")
                 address = "/".join(parts[:2])
                 if len(parts) == 2:
-                    return _only(method, "GET") or await self._show(address)
+                    return _only(method, "GET") or Response.json(await self.show(address))
                 if len(parts) == 3 and parts[2] == "sql":
                     return _only(method, "POST") or await self._sql(address, body)
         except InspectError as exc:
@@ -143,15 +165,36 @@ class AdminFront:
         return error_response(404, "NotFound", "no such admin path")
 
     async def _metrics(self) -> Response:
-        self.metrics.collector.queues = (await self.ready.queues())["queues"]
+        counts = (await self.ready.queues())["queues"]
+        self.dashboard.record(counts)
+        self.metrics.collector.queues = counts
         return Response(200, {"content-type": CONTENT_TYPE}, self.metrics.text())
 
-    def _authorized(self, headers: Iterable[tuple[str, str]]) -> bool:
+    def _authorized(self, headers: dict[str, str]) -> bool:
         assert self._token is not None
-        for name, value in headers:
-            if name.lower() == "authorization":
-                return hmac.compare_digest(value.encode(), self._token)
-        return False
+        given = headers.get("authorization")
+        if given is None:
+            for part in headers.get("cookie", "").split(";"):
+                name, _, value = part.strip().partition("=")
+                if name == COOKIE:
+                    given = f"Bearer {value}"
+        return given is not None and hmac.compare_digest(given.encode(), self._token)
+
+    def _refusal(self, method: str, headers: dict[str, str]) -> Response | None:
+        """403 for what a browser sends on another site's behalf: a POST from another origin
+        (a form or script of a page elsewhere), and, with no token, a request for a name that
+        is not loopback (a page elsewhere whose name was pointed at 127.0.0.1)."""
+        host = headers.get("host", "")
+        if self._token is None and host and not is_loopback(_host_name(host)):
+            return error_response(403, "Forbidden", f"the admin listener is not {host!r}")
+        if method == "POST":
+            origin = headers.get("origin")
+            site = headers.get("sec-fetch-site", "same-origin")
+            if site not in ("same-origin", "none") or (
+                origin is not None and urlsplit(origin).netloc != host
+            ):
+                return error_response(403, "Forbidden", "cross-site requests are refused")
+        return None
 
     async def _queue(
         self, method: str, parts: list[str], query: dict[str, str], body: bytes
@@ -194,7 +237,8 @@ class AdminFront:
             return Response.json(await self.ready.kv_get(parts[0], shards, query["key"]))
         return error_response(404, "NotFound", "no such admin path")
 
-    def _actors(self, query: dict[str, str]) -> Response:
+    def actors(self, query: dict[str, str]) -> dict[str, Any]:
+        """A page of actors: ``class``, ``prefix``, ``after`` and ``limit`` of ``query``."""
         prefix = inspect.address_prefix(query.get("class") or None, query.get("prefix", ""))
         limit = inspect.page_size(_int(query, "limit"))
         page = inspect.list_actors(self.host.registry, prefix, query.get("after"), limit)
@@ -203,23 +247,25 @@ class AdminFront:
         for actor in page["actors"]:
             actor["active"] = actor["address"] in active
             actor["quarantined"] = quarantined.get(actor["address"])
-        return Response.json(page)
+        return page
 
-    def _alarms(self, query: dict[str, str]) -> Response:
+    def alarms(self, query: dict[str, str]) -> dict[str, Any]:
+        """A page of pending alarms, soonest first (``due``: only those due now)."""
         limit = inspect.page_size(_int(query, "limit"))
         until = self.host.clock.now() if query.get("due") in ("1", "true") else float("inf")
         after = inspect.alarm_cursor(query.get("after"))
         rows = self.host.alarm_index.due(until, after, limit + 1)
-        return Response.json({"now": self.host.clock.now(), **inspect.list_alarms(rows, limit)})
+        return {"now": self.host.clock.now(), **inspect.list_alarms(rows, limit)}
 
-    async def _show(self, address: str) -> Response:
+    async def show(self, address: str) -> dict[str, Any]:
+        """One actor: its file, tables with row counts, its alarm."""
         about = await trio.to_thread.run_sync(
             inspect.describe_actor, self.actors_root, address, limiter=_READERS
         )
         about["active"] = address in self.host.activations
         about["quarantined"] = self.host.quarantined.get(address)
         about["alarm_index"] = self.host.alarm_index.get(address)
-        return Response.json(about)
+        return about
 
     async def _backup(self, body: bytes) -> Response:
         (dest_text,) = _fields(body, {"dest": (str, None)}, '{"dest": "/absolute/path"}')
@@ -232,10 +278,13 @@ class AdminFront:
     async def _sql(self, address: str, body: bytes) -> Response:
         wanted: dict[str, tuple[type, Any]] = {"sql": (str, None), "params": (list, [])}
         sql, params = _fields(body, wanted, '{"sql": "SELECT ...", "params": [...]}')
-        answer = await trio.to_thread.run_sync(
+        return Response.json(await self.sql(address, sql, params))
+
+    async def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]:
+        """One read-only statement on an actor's database: its columns and rows."""
+        return await trio.to_thread.run_sync(
             inspect.query, self.actors_root, address, sql, params, limiter=_READERS
         )
-        return Response.json(answer)
 
 
 _ERROR_NAMES = {
