@@ -23,6 +23,7 @@ from .app import App
 from .front import ServerLimits, serve_http
 from .ops import commands, repair
 from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
+from .ops.cluster_view import ClusterView
 from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
 from .runtime.host import Host
 from .runtime.storage import DataDirInUse, FileStorage
@@ -182,6 +183,7 @@ async def serve(
             "with `ulimit -n`",
             **limited,
         )
+    seen_cluster: ClusterView | None = None
     if cluster is None:
         host = Host(app, FileStorage(data), **host_options)
         beside_host = None
@@ -197,6 +199,7 @@ async def serve(
             **host_options,
         )
         beside_host = node.run
+        seen_cluster = ClusterView(node.store, node.held)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
@@ -207,7 +210,9 @@ async def serve(
         async with trio.open_nursery() as beside:
             if beside_host is not None:
                 await beside.start(beside_host)
-            also = [] if admin is None else [(admin_server(host, data, admin), admin_listeners)]
+            also = []
+            if admin is not None:
+                also = [(admin_server(host, data, admin, seen_cluster), admin_listeners)]
             admin_urls = [_url(listener.socket) for listener in admin_listeners]
             try:
                 async with trio.open_nursery() as nursery:
@@ -265,16 +270,10 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions | None:
     if args.cluster is None:
         return None
     try:
-        from .cluster.keeper import LeaseSettings
-        from .cluster.serving import ClusterOptions
+        from .cluster.serving import options_from
     except ImportError as exc:  # psycopg, the cluster extra
         raise ValueError(f"--cluster needs the cluster extra ({exc})") from None
-    lease = LeaseSettings(ttl=args.lease_ttl, margin=args.lease_margin)
-    host, sep, port = args.internal.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--internal wants HOST:PORT, got {args.internal!r}")
-    internal = (host.strip("[]"), int(port))
-    return ClusterOptions(args.cluster, args.partitions, lease, internal, args.advertise)
+    return options_from(args)
 
 
 def main(argv: list[str] | None = None) -> None:

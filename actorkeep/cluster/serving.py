@@ -50,6 +50,16 @@ class ClusterOptions:
                 raise ValueError(f"--advertise wants HOST:PORT, got {self.advertise!r}")
 
 
+def options_from(args: Any) -> ClusterOptions:
+    """``serve --cluster``'s options (``args``: argparse's), checked (``ValueError``)."""
+    lease = LeaseSettings(ttl=args.lease_ttl, margin=args.lease_margin)
+    host, sep, port = args.internal.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--internal wants HOST:PORT, got {args.internal!r}")
+    internal = (host.strip("[]"), int(port))
+    return ClusterOptions(args.cluster, args.partitions, lease, internal, args.advertise)
+
+
 def host_id() -> str:
     """This host incarnation's name in the cluster: machine, process and a random part (a
     restarted host is a new owner)."""
@@ -64,10 +74,16 @@ class ClusterNode:
         self, storage: ClusterStorage, listeners: list[trio.SocketListener], advertise: str
     ) -> None:
         self.storage = storage
+        assert isinstance(storage.store, ClusterStore)
+        self.store = storage.store  # what the admin API reads the cluster's state from
         self.peers = Peers(storage.store.secret)
         self._listeners = listeners
         self._router: ClusterRouter | None = None
         storage.keeper.address = advertise
+
+    def held(self) -> int:
+        """How many partitions this host serves now."""
+        return len(self.storage.keeper.held)
 
     @property
     def address(self) -> str:

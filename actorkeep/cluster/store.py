@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from ..hashing import fnv1a64
-from .partitions import check_partitions
+from .partitions import check_partitions, partition_of
 from .records import (
     AlarmChange,
     ClusterMismatch,
@@ -428,3 +428,58 @@ class ClusterStore:
         if row is None:
             raise ValueError(f"no partition {partition} (the cluster has {self.partitions})")
         return row[0], row[1]
+
+    # -- what the operator sees (actorkeep/ops): on connections of their own, so that a slow
+    # look never holds the leases' connection
+    def view(self) -> dict[str, Any]:
+        """The hosts (seconds since each was last seen), and every partition's owner, epoch
+        and seconds to its lease's expiry, by PostgreSQL's clock."""
+        with connect(self._conninfo) as conn:
+            hosts = conn.execute(
+                "SELECT host_id, address, EXTRACT(EPOCH FROM clock_timestamp() - seen_at) "
+                "FROM actorkeep_hosts ORDER BY host_id"
+            ).fetchall()
+            leases = conn.execute(
+                "SELECT partition, owner, epoch, "
+                "EXTRACT(EPOCH FROM expires_at - clock_timestamp()) "
+                "FROM actorkeep_leases ORDER BY partition"
+            ).fetchall()
+        return {
+            "host_id": self.host_id,
+            "partitions": self.partitions,
+            "hosts": [{"host_id": h, "address": a, "seen_ago": float(ago)} for h, a, ago in hosts],
+            "leases": [
+                {
+                    "partition": int(p),
+                    "owner": owner,
+                    "epoch": int(epoch),
+                    "expires_in": None if left is None else float(left),
+                }
+                for p, owner, epoch, left in leases
+            ],
+        }
+
+    def partition_of(self, address: str) -> int:
+        """The partition of the actor at ``address``."""
+        return partition_of(address, self.partitions)
+
+    def addresses(self, low: str, high: str | None, after: str | None, limit: int) -> list[str]:
+        """Addresses of actors with durable state in the cluster, ``low <= address < high``
+        (None: no bound) and past ``after``, in order: up to ``limit``."""
+        start = low if after is None or after < low else after
+        op = ">" if after is not None and after >= low else ">="
+        # Compared byte by byte (as a single host orders them), whatever the database's
+        # collation; so not by the primary key's index: a scan (docs/operations.md).
+        where = f'address COLLATE "C" {op} %s'
+        params: list[Any] = [start]
+        if high is not None:
+            where += ' AND address COLLATE "C" < %s'
+            params.append(high)
+        query = (
+            f"SELECT address FROM (SELECT address FROM actorkeep_images WHERE {where} "
+            f"UNION SELECT address FROM actorkeep_frames WHERE {where}) AS known "
+            'ORDER BY address COLLATE "C" LIMIT %s'
+        )
+        with connect(self._conninfo) as conn:
+            rows = conn.execute(query, [*params, *params, limit]).fetchall()
+        return [r[0] for r in rows]

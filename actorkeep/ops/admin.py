@@ -27,6 +27,7 @@ from ..http import Response, error_response, parse_query
 from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
 from . import backup, inspect
+from .cluster_view import ClusterView
 from .dashboard import COOKIE, Dashboard
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
@@ -87,22 +88,29 @@ def admin_options(spec: str | None, token: str | None) -> AdminOptions | None:
     return AdminOptions(host, int(port), token)
 
 
-def admin_server(host: Host, data: Path, options: AdminOptions) -> HttpServer:
+def admin_server(
+    host: Host, data: Path, options: AdminOptions, cluster: ClusterView | None = None
+) -> HttpServer:
     """The admin listener's HTTP server, with its own connection cap and byte budget."""
-    return HttpServer(
-        AdminFront(host, data, options.token), ADMIN_LIMITS, ByteBudget(ADMIN_INFLIGHT)
-    )
+    front = AdminFront(host, data, options.token, cluster)
+    return HttpServer(front, ADMIN_LIMITS, ByteBudget(ADMIN_INFLIGHT))
 
 
 class AdminFront:
     """Answers the admin API's requests for ``host``, whose data directory is ``data``.
-    ``token``: what requests must bear (None: no token, on loopback only)."""
+    ``token``: what requests must bear (None: no token, on loopback only). ``cluster``: the
+    cluster this host is one of (None: a single host)."""
 
-    def __init__(self, host: Host, data: Path, token: str | None) -> None:
+    def __init__(
+        self, host: Host, data: Path, token: str | None, cluster: ClusterView | None = None
+    ) -> None:
         self.host = host
+        self.cluster = cluster
         self.actors_root = data / "actors"
         self._token = None if token is None else f"Bearer {token}".encode()
         self.metrics = HostMetrics(host)
+        if cluster is not None:
+            self.metrics.collector.cluster_held = cluster.held
         self.ready = Ready(host)
         self.dashboard = Dashboard(self)
 
@@ -139,13 +147,15 @@ class AdminFront:
             return await self.dashboard.handle(method, path, query, body)
         try:
             if path == "/api/actors":
-                return _only(method, "GET") or Response.json(self.actors(query))
+                return _only(method, "GET") or Response.json(await self.actors(query))
             if path == "/api/alarms":
                 return _only(method, "GET") or Response.json(self.alarms(query))
             if path == "/api/backup":
                 return _only(method, "POST") or await self._backup(body)
             if path == "/metrics":
                 return _only(method, "GET") or await self._metrics()
+            if path == "/api/cluster":
+                return _only(method, "GET") or Response.json(await self.cluster_view())
             if path == "/api/queues":
                 return _only(method, "GET") or Response.json(await self.ready.queues())
             if path.startswith("/api/queues/"):
@@ -237,11 +247,28 @@ class AdminFront:
             return Response.json(await self.ready.kv_get(parts[0], shards, query["key"]))
         return error_response(404, "NotFound", "no such admin path")
 
-    def actors(self, query: dict[str, str]) -> dict[str, Any]:
-        """A page of actors: ``class``, ``prefix``, ``after`` and ``limit`` of ``query``."""
+    async def cluster_view(self) -> dict[str, Any]:
+        """The cluster's hosts and partitions (404 on a single host)."""
+        if self.cluster is None:
+            raise InspectError("this host is not in a cluster (serve --cluster)", 404)
+        view: dict[str, Any] = await self.cluster.overview()
+        return view
+
+    async def actors(self, query: dict[str, str]) -> dict[str, Any]:
+        """A page of actors: ``class``, ``prefix``, ``after`` and ``limit`` of ``query``. In a
+        cluster, every actor with durable state in it, wherever it is served."""
         prefix = inspect.address_prefix(query.get("class") or None, query.get("prefix", ""))
         limit = inspect.page_size(_int(query, "limit"))
-        page = inspect.list_actors(self.host.registry, prefix, query.get("after"), limit)
+        after = query.get("after")
+        if self.cluster is not None:
+            found = await self.cluster.addresses(prefix, after, limit + 1)
+            page: dict[str, Any] = {
+                # PostgreSQL keeps an actor's state, not when it was made
+                "actors": [{"address": a, "created_at": None} for a in found[:limit]],
+                "next": found[limit - 1] if len(found) > limit else None,
+            }
+        else:
+            page = inspect.list_actors(self.host.registry, prefix, after, limit)
         active = self.host.activations
         quarantined = self.host.quarantined
         for actor in page["actors"]:
@@ -258,10 +285,18 @@ class AdminFront:
         return {"now": self.host.clock.now(), **inspect.list_alarms(rows, limit)}
 
     async def show(self, address: str) -> dict[str, Any]:
-        """One actor: its file, tables with row counts, its alarm."""
-        about = await trio.to_thread.run_sync(
-            inspect.describe_actor, self.actors_root, address, limiter=_READERS
-        )
+        """One actor: its file, tables with row counts, its alarm; in a cluster, where it
+        lives."""
+        where = None if self.cluster is None else await self.cluster.where(address)
+        try:
+            about = await trio.to_thread.run_sync(
+                inspect.describe_actor, self.actors_root, address, limiter=_READERS
+            )
+        except InspectError as exc:
+            if where is None or exc.status != 404 or where["here"]:
+                raise
+            raise InspectError(_elsewhere(address, where), 404) from None
+        about["cluster"] = where
         about["active"] = address in self.host.activations
         about["quarantined"] = self.host.quarantined.get(address)
         about["alarm_index"] = self.host.alarm_index.get(address)
@@ -285,6 +320,17 @@ class AdminFront:
         return await trio.to_thread.run_sync(
             inspect.query, self.actors_root, address, sql, params, limiter=_READERS
         )
+
+
+def _elsewhere(address: str, where: dict[str, Any]) -> str:
+    owner = where["owner"]
+    if owner is None:
+        return f"{address} is in partition {where['partition']}, which no host holds now"
+    return (
+        f"no copy of {address} on this host: it is in partition {where['partition']}, "
+        f"held by {owner} (internal address {where['owner_address']}); ask that host's "
+        "admin API"
+    )
 
 
 _ERROR_NAMES = {

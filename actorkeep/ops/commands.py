@@ -21,7 +21,7 @@ from .backup import check_destination
 from .inspect import InspectError, address_prefix, page_size
 from .source import Source, SourceError, open_source
 
-COMMANDS = ("ls", "show", "sql", "alarms", "rm", "backup", "queue", "kv")
+COMMANDS = ("ls", "show", "sql", "alarms", "rm", "backup", "queue", "kv", "cluster")
 
 
 def add_parsers(sub: Any) -> None:
@@ -62,6 +62,7 @@ def add_parsers(sub: Any) -> None:
     p = command("backup", "copy every actor's database to DEST, while the host runs or not")
     p.add_argument("dest", metavar="DEST", help="a new or empty directory")
     add_ready_parsers(sub, command)
+    command("cluster", "a cluster's hosts and who holds each partition, as a host sees it")
 
 
 def add_ready_parsers(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -187,6 +188,7 @@ _ASK: dict[str, Callable[[Source, argparse.Namespace], dict[str, Any]]] = {
     "backup": _ask_backup,
     "queue": _ask_queue,
     "kv": _ask_kv,
+    "cluster": lambda source, args: source.cluster(),
 }
 
 
@@ -242,6 +244,11 @@ def _show_show(about: dict[str, Any]) -> None:
     print(f"  in memory  {'yes' if about['active'] else 'no'}")
     if about["quarantined"]:
         print(f"  QUARANTINED  {about['quarantined']}")
+    where = about.get("cluster")
+    if where is not None:
+        print(
+            f"  partition  {where['partition']} (epoch {where['epoch']}, held by {where['owner']})"
+        )
     if alarm is None:
         print("  alarm      none")
     else:
@@ -333,6 +340,20 @@ def preview(value: object, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _show_cluster(view: dict[str, Any]) -> None:
+    rows = [
+        (
+            h["host_id"] + (" (this host)" if h["this"] else ""),
+            h["address"] or "-",
+            f"{h['seen_ago']:.1f} s ago",
+            h["partitions"],
+        )
+        for h in view["hosts"]
+    ]
+    print(f"{view['partitions']:,} partitions, {view['unowned']:,} held by no host")
+    print(table(("HOST", "INTERNAL ADDRESS", "SEEN", "PARTITIONS"), rows))
+
+
 _SHOW: dict[str, Callable[[dict[str, Any]], None]] = {
     "ls": _show_ls,
     "show": _show_show,
@@ -342,4 +363,5 @@ _SHOW: dict[str, Callable[[dict[str, Any]], None]] = {
     "backup": _show_backup,
     "queue": _show_queue,
     "kv": _show_kv,
+    "cluster": _show_cluster,
 }

@@ -18,6 +18,7 @@ from ..http import Response, parse_query
 from ..runtime.host import Host
 from ..wire import kv as kv_wire
 from . import pages
+from .cluster_view import ClusterView
 from .inspect import InspectError
 from .pages import blob, button, cell, esc, href, link, query_int, table, when
 from .queue_pages import QueuePages
@@ -30,7 +31,9 @@ class Admin(Protocol):
     host: Host
     ready: Ready
 
-    def actors(self, query: dict[str, str]) -> dict[str, Any]: ...
+    cluster: ClusterView | None
+
+    async def actors(self, query: dict[str, str]) -> dict[str, Any]: ...
 
     def alarms(self, query: dict[str, str]) -> dict[str, Any]: ...
 
@@ -67,7 +70,7 @@ class Dashboard:
             if path == "/favicon.ico":
                 return Response(204, {"cache-control": "max-age=86400"})
             if path == "/actors":
-                return self.actors(query)
+                return await self.actors(query)
             if path.startswith("/actors/"):
                 return await self.actor(path[len("/actors/") :], query)
             if path == "/alarms":
@@ -78,6 +81,8 @@ class Dashboard:
                 return await self.queue_pages.queue_page(path[len("/queues/") :].split("/"), query)
             if path == "/kv":
                 return await self.kv(query)
+            if path == "/cluster":
+                return await self.cluster(query)
         except InspectError as exc:
             return pages.error_page(exc.status, str(exc))
         return pages.error_page(404, "no such page")
@@ -151,10 +156,10 @@ class Dashboard:
         )
         return pages.page("Overview", "/", body, refresh=5)
 
-    def actors(self, query: dict[str, str]) -> Response:
+    async def actors(self, query: dict[str, str]) -> Response:
         host = self.front.host
         wanted = query.get("class", "")
-        answer = self.front.actors(query)
+        answer = await self.front.actors(query)
         options = "".join(
             f'<option value="{esc(n)}"{" selected" if n == wanted else ""}>{esc(n)}</option>'
             for n in ["", *sorted(host.classes)]
@@ -198,6 +203,10 @@ class Dashboard:
                 f"retries {alarm['retries']})",
             ),
         ]
+        where = about.get("cluster")
+        if where is not None:
+            held = esc(where["owner"] or "no host")
+            facts.append(("partition", f"{where['partition']} (epoch {where['epoch']}, {held})"))
         if about["quarantined"]:
             facts.append(
                 ("quarantined", f'<span class="tag bad">{esc(about["quarantined"])}</span>')
@@ -300,6 +309,64 @@ class Dashboard:
             "(16 unless it says otherwise)</p>" + listing
         )
         return pages.page("KV", "/kv", body)
+
+    async def cluster(self, query: dict[str, str]) -> Response:
+        if self.front.cluster is None:
+            body = (
+                "<h1>Cluster</h1><p>This host is not in a cluster: it serves every actor of its "
+                "data directory itself (<code>actorkeep serve --cluster</code> makes one).</p>"
+            )
+            return pages.page("Cluster", "/cluster", body)
+        view = await self.front.cluster.overview()
+        hosts = [
+            (
+                esc(h["host_id"]) + (" " + pages.tag("this host", "ok") if h["this"] else ""),
+                f"<code>{esc(h['address'] or '-')}</code>",
+                f"{h['seen_ago']:.1f} s ago",
+                f"{h['partitions']:,}",
+            )
+            for h in view["hosts"]
+        ]
+        leases = [
+            (
+                str(x["partition"]),
+                esc(x["owner"] or "-"),
+                str(x["epoch"]),
+                "-" if x["expires_in"] is None else f"{x['expires_in']:.1f} s",
+            )
+            for x in view["leases"]
+        ]
+        found = ""
+        address = query.get("address", "")
+        if address:
+            where = await self.front.cluster.where(address)
+            owner = where["owner"] or "no host (its lease lapsed: another host takes it soon)"
+            found = (
+                f"<div class=notice>{esc(address)} is in partition {where['partition']} "
+                f"(epoch {where['epoch']}), held by {esc(owner)}</div>"
+            )
+        body = (
+            "<h1>Cluster</h1>"
+            + pages.cards(
+                [
+                    ("hosts", f"{len(view['hosts']):,}", False),
+                    ("partitions", f"{view['partitions']:,}", False),
+                    ("held by this host", f"{view['held_here']:,}", False),
+                    ("held by no host", f"{view['unowned']:,}", view["unowned"] > 0),
+                ]
+            )
+            + "<h2>Where does an actor live?</h2>"
+            + '<form class=inline method=get action="/cluster">'
+            + f'<input name=address placeholder="class/name" value="{esc(address)}">'
+            + "<button>Find</button></form>"
+            + found
+            + "<h2>Hosts</h2>"
+            + table(("HOST", "INTERNAL ADDRESS", "SEEN", "PARTITIONS"), hosts, numeric=(3,))
+            + f"<details><summary>Every partition ({view['partitions']:,})</summary>"
+            + table(("PARTITION", "OWNER", "EPOCH", "LEASE LEFT"), leases, numeric=(0, 2, 3))
+            + "</details>"
+        )
+        return pages.page("Cluster", "/cluster", body, refresh=None if address else 5)
 
     # -- login, when the listener has a token -----------------------------------------------
     def login(self, method: str, body: bytes, token: bytes) -> Response:

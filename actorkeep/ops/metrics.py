@@ -7,7 +7,7 @@ and event kind, never by actor (docs/operations.md lists every metric).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,6 +31,8 @@ class HostCollector(Collector):
         self.server: HttpServer | None = None
         #: The queues' counts as last asked (``Ready.queues()``), before each scrape.
         self.queues: list[dict[str, Any]] = []
+        #: In a cluster: how many partitions this host serves now.
+        self.cluster_held: Callable[[], int] | None = None
 
     def collect(self) -> Iterator[Metric]:
         host = self.host
@@ -112,6 +114,12 @@ class HostCollector(Collector):
             stats.counted_dropped,
         )
         yield from _queue_gauges(self.queues)
+        if self.cluster_held is not None:
+            yield _gauge(
+                "actorkeep_cluster_partitions_held",
+                "Partitions this host holds the lease of and serves.",
+                self.cluster_held(),
+            )
         server = self.server
         if server is not None:
             yield _gauge(

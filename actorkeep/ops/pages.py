@@ -17,6 +17,7 @@ NAV = (
     ("/alarms", "Alarms"),
     ("/queues", "Queues"),
     ("/kv", "KV"),
+    ("/cluster", "Cluster"),
 )
 
 STYLE = """

@@ -53,6 +53,8 @@ class Source(Protocol):
 
     def backup(self, dest: Path) -> dict[str, Any]: ...
 
+    def cluster(self) -> dict[str, Any]: ...
+
     def queue_stats(self, address: str) -> dict[str, Any]: ...
 
     def queue_dead(self, address: str, after: int | None, limit: int) -> dict[str, Any]: ...
@@ -133,6 +135,9 @@ class Offline:
 
     def backup(self, dest: Path) -> dict[str, Any]:
         return backup(self.data, dest)
+
+    def cluster(self) -> dict[str, Any]:
+        raise SourceError("no host serves this directory: a cluster is seen through its hosts")
 
     def queue_stats(self, address: str) -> dict[str, Any]:
         return ready.offline_stats(self.actors_root, address, self.now)
@@ -235,6 +240,9 @@ class Online:
 
     def _queue_path(self, address: str, rest: str = "") -> str:
         return "/api/queues/" + urllib.parse.quote(address) + rest
+
+    def cluster(self) -> dict[str, Any]:
+        return dict(self._ask("GET", "/api/cluster", {}))
 
     def queue_stats(self, address: str) -> dict[str, Any]:
         return dict(self._ask("GET", self._queue_path(address), {}))
