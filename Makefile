@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ run: $(VENV)/.run-deps
 	@echo "  curl -X PUT http://127.0.0.1:8080/api/main/settings/endpoint -d 'https://example.com/hook'"
 	@echo "  curl -X POST http://127.0.0.1:8080/api/main/events -H 'content-type: application/json' -d '{\"type\": \"signup\"}'"
 	@echo "  curl http://127.0.0.1:8080/deliverer/main/deliveries"
-	@echo "The admin API is on http://127.0.0.1:8081; and from here: .venv/bin/actorkeep ls"
+	@echo "The dashboard and the admin API are on http://127.0.0.1:8081; from here: .venv/bin/actorkeep ls"
 	@echo "Stop with Ctrl-C. README.md has more."
 	$(BIN)/actorkeep serve examples.jobs.app:app --data ./data --host 127.0.0.1 --port 8080 \
 		--admin 127.0.0.1:8081
@@ -32,16 +32,27 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(VENV)/.test-deps lint
-	@command -v chromium >/dev/null || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
-		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium >/dev/null; }
+# The system programs the tests run, from Debian's packages (each command is its package's
+# name): strace (tests/test_gate.py counts fsyncs by thread), wrk (bench/http.py's load),
+# Prometheus (tests/test_metrics.py scrapes with it), valgrind (bench/instructions.py counts
+# with it), Chromium (tests/test_dashboard.py drives it) and PostgreSQL (tests/pg.py starts
+# its own servers under temporary directories).
+SYSTEM_DEPS := strace wrk prometheus valgrind chromium
+
+system-deps:
+	@missing=""; for cmd in $(SYSTEM_DEPS); do \
+		command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql-15"; \
+	if [ -n "$$missing" ]; then sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+		echo "installing$$missing"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; fi
+
+test: $(VENV)/.test-deps lint system-deps
 	$(BIN)/python -m sim --seeds 200 --check-determinism
 	$(BIN)/python -m sim --cluster --seeds 100 --check-determinism
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.test-deps
-	@command -v wrk >/dev/null || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
-		$$sudo apt-get install -y -qq wrk >/dev/null; }
+bench: $(VENV)/.test-deps system-deps
 	$(BIN)/python bench/rpc.py
 	$(BIN)/python bench/http.py
 	$(BIN)/python bench/durable.py

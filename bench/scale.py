@@ -181,6 +181,9 @@ class BulkStorage:
     def has_actors(self) -> bool:
         return ak.FileStorage(self.root).has_actors()
 
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        raise NotImplementedError("a bulk load deletes nothing")
+
     def open_host_db(self) -> _BulkDatabase:
         return _BulkDatabase(self.root / "host" / "host.sqlite")
 

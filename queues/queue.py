@@ -174,6 +174,8 @@ class Queue(ak.Actor):
         written = self.sql.exec(
             "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],), durable=True
         )
+        if written.rowcount == 1:
+            self.count_metric("queue.cancelled", label=self.address)
         return {"ok": written.rowcount == 1}
 
     @wire.queue.GET.handler

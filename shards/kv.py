@@ -231,7 +231,7 @@ class KVShard(ak.Actor):
             live = self._live(key, self._now_ms())
             refused = self.conflict(frame["expect"], live[0] if live else None)
             if refused is not None:
-                self.count_metric("kv.conflicts", label="put")
+                self.count_metric("kv.conflicts", label="cas")
                 return refused
         else:
             self.count_metric("kv.ops", label="put")

@@ -198,6 +198,22 @@ class SimStorageView:
     def has_actors(self) -> bool:
         return any(k.startswith("actors/") and self._exists(k) for k in self.storage.files)
 
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        """Delete the file, durably at once (an unlink and the sync of its directory, which
+        takes an fsync's time)."""
+        if self.fenced:
+            raise Fenced(f"host incarnation {self.incarnation} has crashed")
+        key = f"actors/{class_name}/{name}"
+        file = self.storage.files.pop(key, None)
+        if file is None:
+            return 0
+        if file.live is not None:
+            file.live.close()
+        await trio.sleep(self.storage.fsync_delay())  # the directory's sync
+        if self.storage.on_remove is not None:
+            self.storage.on_remove(key)
+        return len(file.committed or b"")
+
     def open_host_db(self) -> SimDatabase:
         return self._open(HOST_FILE)
 
@@ -256,17 +272,20 @@ class SimStorage:
     """All files of one simulated machine, across host incarnations.
 
     ``fsync_delay`` returns the virtual seconds each ``sync()`` takes; ``on_sync`` is called
-    after each completed sync (the world uses it to crash a host right after a durable write).
+    after each completed sync and ``on_remove`` after each deleted database (the world uses
+    them to crash a host right after a durable write or a deletion).
     """
 
     def __init__(
         self,
         fsync_delay: Callable[[], float] | None = None,
         on_sync: Callable[[SimDatabase], None] | None = None,
+        on_remove: Callable[[str], None] | None = None,
     ) -> None:
         self.files: dict[str, SimFile] = {}
         self._fsync_delay = fsync_delay
         self.on_sync = on_sync
+        self.on_remove = on_remove
         self.syncs = 0
         self._views: list[SimStorageView] = []
 

@@ -81,7 +81,9 @@ class World:
         self.host_options = {"debug": True, **(host_options or {})}
         self._fault_rng = self.rng("world-faults")
         self.hooks = SimHooks(self.faults, self.history, self.now, self.rng("hooks"), WORLD_CALLER)
-        self.storage = SimStorage(fsync_delay=self._fsync_delay, on_sync=self._on_sync)
+        self.storage = SimStorage(
+            fsync_delay=self._fsync_delay, on_sync=self._on_sync, on_remove=self._on_remove
+        )
         self.current: Incarnation | None = None
         self.incarnations = 0
         self.crashes = 0
@@ -258,6 +260,12 @@ class World:
         return 0.0
 
     def _on_sync(self, db: SimDatabase) -> None:
+        self._crash_after(f"the sync of {db.key}")
+
+    def _on_remove(self, key: str) -> None:
+        self._crash_after(f"the deletion of {key}")
+
+    def _crash_after(self, what: str) -> None:
         f = self.faults
         if (
             f.crash_after_sync_p > 0
@@ -266,7 +274,7 @@ class World:
         ):
             power = self._fault_rng.random() < f.power_loss_p
             downtime = self._fault_rng.uniform(0.0, f.downtime_max)
-            self.history.note(f"crash right after the sync of {db.key}")
+            self.history.note(f"crash right after {what}")
             self.crash(power_loss=power, restart_after=downtime)
 
     # -- reaching the app -------------------------------------------------------------------

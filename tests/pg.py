@@ -2,7 +2,7 @@
 reached over a Unix socket in that directory (no TCP port unless a test asks for one on an
 address of its own), and a synchronous standby of it made with ``pg_basebackup``.
 
-Debian's postgresql-15 puts its programs in /usr/lib/postgresql/15/bin (``.ci/run`` installs it
+Debian's postgresql-15 puts its programs in /usr/lib/postgresql/15/bin (``make test`` installs it
 when missing). PostgreSQL refuses to run as root: as root, the server runs as the ``postgres``
 user that package creates.
 """
@@ -151,7 +151,7 @@ def running_server(root: Path) -> Iterator[Server]:
     bindir = pg_bin()
     if bindir is None:
         raise RuntimeError(
-            "PostgreSQL is not installed (Debian: apt-get install postgresql-15; .ci/run does it)"
+            "PostgreSQL is not installed (Debian: apt-get install postgresql-15; make test does it)"
         )
     server = Server(root, bindir)
     server.start()

@@ -65,6 +65,11 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             assert views[0]["leases"][where["partition"]]["owner"] == where["owner"]
             other = answers[1 - ok[0]].stderr
             assert f"held by {where['owner']}" in other and "ask that host's admin API" in other
+        # Deleting an actor is not built for a cluster: refused, and nothing is lost.
+        refused = cli("rm", "counter/c0", "--admin", urls[0])
+        assert refused.returncode == 1 and "not built yet" in refused.stderr
+        still = cli_json("ls", "--prefix", "counter/c0", "--admin", urls[1])
+        assert [x["address"] for x in still["actors"]] == ["counter/c0"]
         # Each host's metrics say how many partitions it holds.
         held = []
         for url in urls:

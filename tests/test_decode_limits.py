@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import structlog
 import trio
 import trio.testing
 
@@ -113,14 +114,18 @@ async def test_outside_requests_past_the_in_flight_budget_get_503(
                 assert resp.json()["error"] == "Overloaded"
                 assert resp.headers["retry-after"] == "1"
 
-        async with trio.open_nursery() as nursery:
-            for i in range(6):
-                nursery.start_soon(call, i)
-            await trio.sleep(1)
-            # Two fit: 2 x (100 KiB + 10,003 x 64 bytes) <= 2 MiB < 3 x.
-            assert host.host.inflight.in_use > budget // 2
-            assert sorted(statuses) == [503] * 4
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(call, i)
+                await trio.sleep(1)
+                # Two fit: 2 x (100 KiB + 10,003 x 64 bytes) <= 2 MiB < 3 x.
+                assert host.host.inflight.in_use > budget // 2
+                assert sorted(statuses) == [503] * 4
         assert sorted(statuses) == [200, 200, 503, 503, 503, 503]
+        # The burst of refusals is one log line (the first; the next would come 10 s on).
+        lines = [e for e in logs if e["event"].startswith("refusing requests: the bytes")]
+        assert [(e["refused"], e["limit"]) for e in lines] == [(1, budget)]
         assert host.host.inflight.in_use == 0
         # Calls between actors are not counted: the budget is for what comes from outside.
         resp = await host.call_as("slow/other", "slow/c", "POST", "/raw", b"x" * (1 << 20))

@@ -144,3 +144,22 @@ def test_a_hanging_example_fails() -> None:
 
     with pytest.raises(trio.TooSlowError):
         run_example(main)
+
+
+def test_every_serve_flag_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    """``actorkeep serve --help`` and the pages agree: each flag is in getting-started's
+    synopsis or table, or (the cluster's) in docs/cluster.md."""
+    from actorkeep.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", capsys.readouterr().out)) - {"--help"}
+    assert {"--admin-token", "--max-inflight", "--reload"} <= flags
+    pages = (DOCS / "getting-started.md").read_text() + (DOCS / "cluster.md").read_text()
+    missing = sorted(f for f in flags if f"`{f}" not in pages and f"[{f}" not in pages)
+    assert missing == []
+
+
+def test_getting_started_turns_on_trio_mode_for_its_pytest_example() -> None:
+    page = (DOCS / "getting-started.md").read_text()
+    assert re.search(r"\[tool\.pytest\.ini_options\]\ntrio_mode = true\n", page)

@@ -324,7 +324,7 @@ def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
     strace = shutil.which("strace")
     if strace is None:
         if os.environ.get("CI"):
-            pytest.fail("strace is missing: .ci/run installs it")
+            pytest.fail("strace is missing: make test installs it")
         pytest.skip("needs strace (apt install strace)")
     trace = tmp_path / "strace.txt"
     probe = Path(__file__).parent / "apps" / "fsync_probe.py"

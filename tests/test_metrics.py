@@ -153,11 +153,11 @@ def test_a_histogram_puts_each_duration_in_the_first_bucket_that_holds_it() -> N
 
 
 def test_a_real_prometheus_scrapes_the_admin_listener(tmp_path: Path) -> None:
-    """Debian's Prometheus (installed by .ci/run) scrapes ``/metrics`` of a real ``actorkeep
+    """Debian's Prometheus (installed by make test) scrapes ``/metrics`` of a real ``actorkeep
     serve`` and answers a query with what the host counted."""
     binary = shutil.which("prometheus")
     if binary is None:
-        raise RuntimeError("Prometheus is not installed: apt-get install prometheus (.ci/run does)")
+        raise RuntimeError("Prometheus is missing: apt-get install prometheus (make test does)")
     data = tmp_path / "data"
     server = Server("tests.apps.process_app:app", data, ("--admin", "127.0.0.1:0"))
     prom_port = free_port()

@@ -297,32 +297,45 @@ def test_the_access_log_and_the_log_level(tmp_path: Path) -> None:
     assert "actorkeep serving" not in quiet.stderr() and "request" not in quiet.stderr()
 
 
-def test_rm_deletes_a_stopped_host_s_actor_and_its_alarm(tmp_path: Path) -> None:
-    """``rm`` forgets the actor and its alarm, deletes its files, and the next host starts it
-    afresh (not as damage); a running host refuses it, and an unknown actor makes nothing."""
+def test_rm_deletes_an_actor_and_its_alarm_from_a_running_host_or_its_directory(
+    tmp_path: Path,
+) -> None:
+    """``rm`` forgets the actor and its alarm and deletes its files, through a running host's
+    admin API or on a stopped host's directory; the next event starts it afresh (not as
+    damage); an unknown actor makes nothing; a page elsewhere cannot make a browser do it."""
     data = tmp_path / "data"
     server = Server(APP, data, ("--admin", "127.0.0.1:0"))
     try:
         fill(server)
-        refused = cli("rm", "alarmer/x", "--data", str(data))
-        assert refused.returncode == 1 and "stop the host" in refused.stderr
+        path = inspect.database_path(data / "actors", "alarmer/x")
+        assert path.exists()
+        port = int(admin_url(data).rpartition(":")[2])
+        evil = {"origin": "http://evil.example", "sec-fetch-site": "cross-site"}
+        target = "/api/actors/alarmer/x"
+        assert http_request(port, "DELETE", target, headers=evil).status == 403
+        assert path.exists()
+        online = cli_json("rm", "alarmer/x", "--data", str(data))
+        assert online["deleted"] == "alarmer/x" and online["bytes"] > 0
+        assert not path.exists() and not Path(f"{path}-wal").exists()
+        listed = [a["address"] for a in cli_json("ls", "--data", str(data))["actors"]]
+        assert listed == ["ledger/a", "ledger/b", "ledger/c"]
+        assert cli_json("alarms", "--data", str(data))["alarms"] == []
+        missing = cli("rm", "ledger/nobody", "--data", str(data))
+        assert missing.returncode == 1 and "no actor ledger/nobody" in missing.stderr
+        reply = server.get("/alarmer/x/")
+        assert reply.status == 200 and reply.json()["alarm"] is None and reply.json()["fired"] == []
         assert server.stop(signal.SIGTERM) == 0
     finally:
         server.close()
-    path = inspect.database_path(data / "actors", "alarmer/x")
-    assert path.exists()
-    gone = cli_json("rm", "alarmer/x", "--data", str(data))
-    assert gone["deleted"] == "alarmer/x" and gone["bytes"] > 0
-    assert not any(path.parent.iterdir())
-    assert "alarmer/x" not in [a["address"] for a in cli_json("ls", "--data", str(data))["actors"]]
-    assert cli_json("alarms", "--data", str(data))["alarms"] == []
+    gone = cli_json("rm", "ledger/b", "--data", str(data))
+    assert gone["deleted"] == "ledger/b" and gone["bytes"] > 0
+    assert not inspect.database_path(data / "actors", "ledger/b").exists()
     missing = cli("rm", "ledger/nobody", "--data", str(data))
     assert missing.returncode == 1 and "no such actor" in missing.stderr
     assert not inspect.database_path(data / "actors", "ledger/nobody").parent.exists()
     again = Server(APP, data, ())
     try:
-        reply = again.get("/alarmer/x/")
-        assert reply.status == 200 and reply.json()["alarm"] is None and reply.json()["fired"] == []
+        assert again.count("ledger/b") == 0
         assert again.count("ledger/a") == 2  # the others are untouched
     finally:
         again.close()

@@ -273,7 +273,12 @@ async def test_the_metrics_count_queues_and_kv(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     async with open_host(app, data_dir=tmp_path) as host:
-        await fill(host)
+        ids = await fill(host)
+        admin = Admin(host, tmp_path)
+        assert (await admin.ok("POST", "/api/queues/queue/jobs/cancel", {"id": ids[4]}))[
+            "cancelled"
+        ]
+        await admin.ok("POST", "/api/queues/queue/jobs/redrive", {"ids": [ids[0]]})
         assert await rpc(host, "producer/p", "claim", key="user/1") is False
         assert await rpc(host, "producer/p", "claim", key="user/7") is True
         status, _ = await Admin(host, tmp_path).ask("GET", "/api/queues")
@@ -289,18 +294,20 @@ async def test_the_metrics_count_queues_and_kv(tmp_path: Path) -> None:
         return found[name, tuple(sorted(labels.items()))]
 
     q = {"queue": "queue/jobs"}
-    assert value("actorkeep_queue_messages", state="ready", **q) == 2
+    assert value("actorkeep_queue_messages", state="ready", **q) == 2  # d, and a redriven
     assert value("actorkeep_queue_messages", state="leased", **q) == 1
-    assert value("actorkeep_queue_messages", state="dead", **q) == 2
+    assert value("actorkeep_queue_messages", state="dead", **q) == 1
     assert value("actorkeep_queue_messages", state="delayed", **q) == 0
     assert value("actorkeep_queue_oldest_ready_seconds", **q) > 0
     assert value("actorkeep_queue_sent_total", **q) == 5
     assert value("actorkeep_queue_deliveries_total", **q) == 3
     assert value("actorkeep_queue_dead_letters_total", **q) == 2
+    assert value("actorkeep_queue_cancelled_total", **q) == 1
+    assert value("actorkeep_queue_redriven_total", **q) == 1
     kv = {"class": "kv"}
     assert value("actorkeep_kv_ops_total", op="put", **kv) == 3
     assert value("actorkeep_kv_ops_total", op="cas", **kv) == 2
-    assert value("actorkeep_kv_conflicts_total", op="put", **kv) == 1
+    assert value("actorkeep_kv_conflicts_total", op="cas", **kv) == 1
     assert (
         value(
             "actorkeep_actor_counter_total",

@@ -17,6 +17,7 @@ from typing import Any
 
 import h11
 import pytest
+import structlog
 import trio
 import trio.testing
 
@@ -425,12 +426,17 @@ async def test_at_the_cap_with_every_connection_busy_new_ones_get_503(data_dir: 
         for i, stream in enumerate(busy):
             await stream.send_all(rpc_request(f"/counter/b{i}/_rpc/slow", b'{"seconds": 1}'))
         await trio.sleep(0.2)
-        stream = await connect(port)
-        async with stream:
-            reply = await read_until_closed(stream)
+        with structlog.testing.capture_logs() as logs:
+            stream = await connect(port)
+            async with stream:
+                reply = await read_until_closed(stream)
         assert reply.startswith(b"HTTP/1.1 503 "), reply
         assert b"retry-after: 1" in reply
         assert server.refused == 1
+        lines = [
+            e for e in logs if e["event"] == "refusing connections: the connection cap is reached"
+        ]
+        assert [(e["refused"], e["max_connections"]) for e in lines] == [(1, 2)]
         for stream in busy:
             (done,) = await read_replies(stream, 1)
             assert done.json() == "done"

@@ -36,7 +36,7 @@ import structlog
 import trio
 
 from ..address import actor_path
-from ..errors import StorageDamaged
+from ..errors import RemoteError, StorageDamaged
 from ..runtime.storage import FileDatabase, FileStorage
 from ..runtime.syncer import Syncer
 from .alarms import ClusterAlarmIndex
@@ -409,6 +409,13 @@ class ClusterStorage:
 
     def has_actors(self) -> bool:
         return self.files.has_actors()
+
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        """Refused: an actor's state is in the store, under its partition's epochs, and
+        deleting it there is not built yet."""
+        raise RemoteError(
+            409, "NotSupported", "deleting an actor is not supported in a cluster yet"
+        )
 
     def open_host_db(self) -> FileDatabase:
         return self.files.open_host_db()

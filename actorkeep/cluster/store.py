@@ -459,6 +459,16 @@ class ClusterStore:
             ],
         }
 
+    def known(self, address: str) -> bool:
+        """Whether the actor at ``address`` has durable state in the cluster."""
+        with connect(self._conninfo) as conn:
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM actorkeep_images WHERE address = %s) "
+                "OR EXISTS (SELECT 1 FROM actorkeep_frames WHERE address = %s)",
+                (address, address),
+            ).fetchone()
+        return bool(row and row[0])
+
     def partition_of(self, address: str) -> int:
         """The partition of the actor at ``address``."""
         return partition_of(address, self.partitions)

@@ -24,6 +24,7 @@ import trio
 
 from ..http import Response, error_response
 from ..runtime.budget import ByteBudget
+from ..runtime.burst import BurstLog
 from ..runtime.host import Host
 from .connections import Connection, Connections
 from .front import Front, Handler
@@ -96,6 +97,9 @@ class HttpServer:
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
         self.refused = 0  # connections refused at the cap
+        self._cap_log = BurstLog(
+            "refusing connections: the connection cap is reached", trio.current_time
+        )
         self.inflight.reclaim = self._conns.reclaim
 
     @property
@@ -144,6 +148,7 @@ class HttpServer:
 
     def _refuse(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.refused += 1
+        self._cap_log.note(max_connections=self.limits.max_connections)
         if self._refusing >= MAX_REFUSING:
             nursery.start_soon(trio.aclose_forcefully, stream)
             return

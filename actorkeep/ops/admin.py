@@ -1,10 +1,12 @@
 """The admin API: a host's own listener (``actorkeep serve --admin HOST:PORT``), apart from the
 app's port, that shows what the host holds (docs/operations.md).
 
-``GET /api/actors``, ``GET /api/actors/<class>/<name>``, ``POST /api/actors/<class>/<name>/sql``
-and ``GET /api/alarms`` answer JSON; ``GET /metrics`` is the host's metrics for Prometheus.
-Bound to anything but loopback it wants the token in ``authorization: Bearer ...`` (the CLI
-refuses to start it without one).
+``/api/actors`` (list, show, ``sql``, ``DELETE``), ``/api/alarms``, ``/api/backup``,
+``/api/queues`` and ``/api/kv`` (as the host's operator, ops/ready.py) and ``/api/cluster``
+answer JSON; ``/metrics`` is the host's metrics for Prometheus; every other path is the
+dashboard (ops/dashboard.py). Bound to anything but loopback it wants the token in
+``authorization: Bearer ...`` or the dashboard's cookie (the CLI refuses to start it without
+one).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from .. import codec
+from ..errors import RemoteError
 from ..front import ServerLimits
 from ..front.server import HttpServer
 from ..http import Response, error_response, parse_query
@@ -111,7 +114,7 @@ class AdminFront:
         self.metrics = HostMetrics(host)
         if cluster is not None:
             self.metrics.collector.cluster_held = cluster.held
-        self.ready = Ready(host)
+        self.ready = Ready(host, None if cluster is None else cluster.known)
         self.dashboard = Dashboard(self)
 
     async def handle(
@@ -166,6 +169,8 @@ class AdminFront:
             if path.startswith("/api/actors/"):
                 parts = path[len("/api/actors/") :].split("/")
                 address = "/".join(parts[:2])
+                if len(parts) == 2 and method == "DELETE":
+                    return Response.json(await self.remove(address))
                 if len(parts) == 2:
                     return _only(method, "GET") or Response.json(await self.show(address))
                 if len(parts) == 3 and parts[2] == "sql":
@@ -191,13 +196,14 @@ class AdminFront:
         return given is not None and hmac.compare_digest(given.encode(), self._token)
 
     def _refusal(self, method: str, headers: dict[str, str]) -> Response | None:
-        """403 for what a browser sends on another site's behalf: a POST from another origin
-        (a form or script of a page elsewhere), and, with no token, a request for a name that
-        is not loopback (a page elsewhere whose name was pointed at 127.0.0.1)."""
+        """403 for what a browser sends on another site's behalf: a ``POST`` or ``DELETE``
+        from another origin (a form or script of a page elsewhere), and, with no token, a
+        request for a name that is not loopback (a page elsewhere whose name was pointed at
+        127.0.0.1)."""
         host = headers.get("host", "")
         if self._token is None and host and not is_loopback(_host_name(host)):
             return error_response(403, "Forbidden", f"the admin listener is not {host!r}")
-        if method == "POST":
+        if method not in ("GET", "HEAD"):
             origin = headers.get("origin")
             site = headers.get("sec-fetch-site", "same-origin")
             if site not in ("same-origin", "none") or (
@@ -301,6 +307,14 @@ class AdminFront:
         about["quarantined"] = self.host.quarantined.get(address)
         about["alarm_index"] = self.host.alarm_index.get(address)
         return about
+
+    async def remove(self, address: str) -> dict[str, Any]:
+        """Delete an idle actor (409 while it has events in flight)."""
+        try:
+            freed = await self.host.remove(address)
+        except RemoteError as exc:
+            raise InspectError(exc.message, exc.status) from None
+        return {"deleted": address, "bytes": freed}
 
     async def _backup(self, body: bytes) -> Response:
         (dest_text,) = _fields(body, {"dest": (str, None)}, '{"dest": "/absolute/path"}')

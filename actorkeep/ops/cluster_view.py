@@ -26,6 +26,8 @@ class ClusterSource(Protocol):
 
     def partition_of(self, address: str) -> int: ...
 
+    def known(self, address: str) -> bool: ...
+
     def addresses(self, low: str, high: str | None, after: str | None, limit: int) -> list[str]: ...
 
 
@@ -66,6 +68,10 @@ class ClusterView:
             "epoch": lease["epoch"],
             "here": owner == view["host_id"],
         }
+
+    async def known(self, address: str) -> bool:
+        """Whether ``address`` has durable state anywhere in the cluster."""
+        return await trio.to_thread.run_sync(self.store.known, address, limiter=_READERS)
 
     async def addresses(self, prefix: str, after: str | None, limit: int) -> list[str]:
         """Actors with durable state in the cluster whose address starts with ``prefix``."""

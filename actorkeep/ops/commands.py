@@ -57,7 +57,7 @@ def add_parsers(sub: Any) -> None:
     p = command("alarms", "list pending alarms, soonest first")
     p.add_argument("--due", action="store_true", help="only alarms due now")
     paged(p, "alarms", "CURSOR")
-    p = command("rm", "delete an actor's database and its alarm (no host may serve --data)")
+    p = command("rm", "delete an idle actor's database and its alarm, while the host runs or not")
     p.add_argument("address", metavar="ADDRESS", help="CLASS/NAME")
     p = command("backup", "copy every actor's database to DEST, while the host runs or not")
     p.add_argument("dest", metavar="DEST", help="a new or empty directory")

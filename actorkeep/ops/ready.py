@@ -64,10 +64,12 @@ def _key(text: str) -> bytes:
 
 
 class Ready:
-    """The queues and KV shards of a running ``host``, called as its operator."""
+    """The queues and KV shards of a running ``host``, called as its operator. ``known``: in
+    a cluster, whether an actor has state anywhere in it (it may be served elsewhere)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, known: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.host = host
+        self._known = known
 
     async def _call(self, address: str, op: Op, **fields: Any) -> dict[str, Any]:
         try:
@@ -84,7 +86,7 @@ class Ready:
         except CallTimeout:
             raise InspectError(f"{address} did not answer in {CALL_TIMEOUT:g} s", 503) from None
 
-    def _queue(self, address: str) -> str:
+    async def _queue(self, address: str) -> str:
         """``address`` checked: a queue of the app that exists (a call would create it)."""
         try:
             class_name, _ = split_address(address)
@@ -92,16 +94,18 @@ class Ready:
             raise InspectError(str(exc)) from None
         if not speaks(self.host, class_name, queue_wire.STATS):
             raise InspectError(f"{class_name!r} is not a queue class of this app", 404)
-        if not self._exists(address):
+        if not await self._exists(address):
             raise InspectError(f"no queue {address}", 404)
         return address
 
-    def _exists(self, address: str) -> bool:
+    async def _exists(self, address: str) -> bool:
         """Whether the actor at ``address`` has been created (a call would create it)."""
         host = self.host
         if address in host.activations or host.registry.has(address):
             return True
-        return host.storage.exists(*split_address(address))  # registered soon
+        if host.storage.exists(*split_address(address)):  # registered soon
+            return True
+        return self._known is not None and await self._known(address)
 
     # -- queues -----------------------------------------------------------------------------
     async def queues(self) -> dict[str, Any]:
@@ -119,18 +123,18 @@ class Ready:
         return {"queues": found, "truncated": False}
 
     async def stats(self, address: str) -> dict[str, Any]:
-        reply = await self._call(self._queue(address), queue_wire.STATS)
+        reply = await self._call(await self._queue(address), queue_wire.STATS)
         return {"queue": address, **{k: reply[k] for k in queue_wire.STATS.reply_fields}}
 
     async def dead(self, address: str, after: int | None, limit: int) -> dict[str, Any]:
         reply = await self._call(
-            self._queue(address), queue_wire.DEAD_LETTERS, limit=limit + 1, after=after or 0
+            await self._queue(address), queue_wire.DEAD_LETTERS, limit=limit + 1, after=after or 0
         )
         items = [dataclasses.asdict(x) for x in reply["items"]]
         return _dead_page(address, items, limit)
 
     async def get(self, address: str, id: int) -> dict[str, Any]:
-        reply = await self._call(self._queue(address), queue_wire.GET, id=id)
+        reply = await self._call(await self._queue(address), queue_wire.GET, id=id)
         if reply["job"] is None:
             raise InspectError(f"no message {id} in {address}", 404)
         message = dataclasses.asdict(reply["job"])
@@ -138,11 +142,11 @@ class Ready:
         return {"queue": address, "message": message}
 
     async def redrive(self, address: str, ids: list[int] | None) -> dict[str, Any]:
-        reply = await self._call(self._queue(address), queue_wire.REDRIVE, ids=ids)
+        reply = await self._call(await self._queue(address), queue_wire.REDRIVE, ids=ids)
         return {"queue": address, "redriven": reply["count"]}
 
     async def cancel(self, address: str, id: int) -> dict[str, Any]:
-        reply = await self._call(self._queue(address), queue_wire.CANCEL, id=id)
+        reply = await self._call(await self._queue(address), queue_wire.CANCEL, id=id)
         return {"queue": address, "id": id, "cancelled": reply["ok"]}
 
     # -- KV ---------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class Ready:
 
     def _via(self, class_name: str) -> Callable[[str, str, bytes], Awaitable[Response]]:
         async def call(address: str, path: str, frame: bytes) -> Response:
-            if not self._exists(address):  # a shard never written: empty
+            if not await self._exists(address):  # a shard never written: empty
                 return _empty_shard(path)
             return await self.host.call_as(
                 OPERATOR, address, "POST", path, frame, MSGPACK_HEADERS, CALL_TIMEOUT

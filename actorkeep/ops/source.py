@@ -23,6 +23,7 @@ import trio
 
 from .. import codec
 from ..runtime.alarm_index import LocalAlarmIndex
+from ..runtime.files import delete_database
 from ..runtime.hostdb import HostDb
 from ..runtime.registry import Registry
 from ..runtime.storage import DataDirInUse, FileStorage
@@ -111,27 +112,22 @@ class Offline:
         return {"now": self.now, **inspect.list_alarms(rows, limit)}
 
     def remove(self, address: str) -> dict[str, Any]:
-        """Delete an actor's database and forget it. The host database forgets it first,
-        durably: a crash before the files go leaves files that the actor's next event takes as
-        its own (run ``rm`` once more), never a registered actor without its file."""
+        """Delete an actor's database and forget it, in the order of ``Host.remove``
+        (runtime/removal.py): the registry forgets it durably, the files go, then the alarm's
+        entry. A crash before the files go leaves files that the actor's next event or alarm
+        takes as its own (run ``rm`` once more), never a registered actor without its file nor
+        an alarm nothing wakes."""
         path = inspect.database_path(self.actors_root, address)
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
         if not self.registry.has(address) and not any(f.exists() for f in files):
             raise InspectError("no such actor", 404)
-        size = sum(f.stat().st_size for f in files if f.exists())
-        self.alarm_index.remove(address)
         self.registry.release(address)
         self.registry.forget(address)
         trio.run(self.host_db.sync)
-        for f in files:
-            f.unlink(missing_ok=True)
-        if path.parent.exists():
-            fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # the unlinks, durable
-            finally:
-                os.close(fd)
-        return {"deleted": address, "bytes": size}
+        freed = delete_database(path)
+        self.alarm_index.remove(address)  # last: an alarm in the file always has its entry
+        trio.run(self.host_db.sync)
+        return {"deleted": address, "bytes": freed}
 
     def backup(self, dest: Path) -> dict[str, Any]:
         return backup(self.data, dest)
@@ -232,11 +228,7 @@ class Online:
         return dict(self._ask("GET", "/api/alarms", query))
 
     def remove(self, address: str) -> dict[str, Any]:
-        raise SourceError(
-            "a running host's actors are not deleted from outside yet: stop the host, then "
-            "`actorkeep rm` deletes the file; inside the actor, `await self.delete_all()` "
-            "empties it while it runs"
-        )
+        return dict(self._ask("DELETE", "/api/actors/" + urllib.parse.quote(address), {}))
 
     def _queue_path(self, address: str, rest: str = "") -> str:
         return "/api/queues/" + urllib.parse.quote(address) + rest

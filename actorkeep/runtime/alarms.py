@@ -281,6 +281,24 @@ class AlarmScheduler:
         token = self._clearing[address] = object()
         gate.after(lambda: self._forget_deleted(act, token))
 
+    def busy(self, address: str) -> bool:
+        """Whether an alarm event of ``address`` is queued, running or cooling down, or a
+        deletion of its alarm waits to be durable."""
+        return address in self.running or address in self._clearing
+
+    def hold(self, address: str) -> None:
+        """Fire no alarm of ``address`` until ``release`` (an actor being deleted: ``busy``
+        is False)."""
+        self.running.add(address)
+
+    def release(self, address: str, forget: bool) -> None:
+        """End ``hold``; ``forget``: drop the entry too (a plain write of the host database,
+        which the caller syncs)."""
+        self.running.discard(address)
+        if forget:
+            self._failures.pop(address, None)
+            self.index.remove(address)
+
     def _forget_deleted(self, act: Activation, token: object) -> None:
         """A gated deletion is durable: drop the entry unless the alarm was set since."""
         if self._clearing.get(act.address) is token:

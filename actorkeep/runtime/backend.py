@@ -56,6 +56,10 @@ class StorageBackend(Protocol):
     def has_actors(self) -> bool:
         """Whether any actor database may exist (cheap: no full listing)."""
 
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        """Delete the actor's database, durably, once its last close has run; how many bytes
+        it held (0: there was none). The host has closed it and opens it no more meanwhile."""
+
     def open_host_db(self) -> Database:
         """Open the host's own database (the alarm index and the actor registry)."""
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .burst import BurstLog
+
 
 class ByteBudget:
     """A counter of bytes in use with a ceiling. Not a lock: ``take`` never waits.
@@ -18,7 +20,7 @@ class ByteBudget:
     stalled bodies cannot hold the budget against requests that arrive whole.
     """
 
-    __slots__ = ("in_use", "limit", "reclaim", "refused")
+    __slots__ = ("burst", "in_use", "limit", "reclaim", "refused")
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
@@ -27,6 +29,8 @@ class ByteBudget:
         self.in_use = 0
         self.refused = 0
         self.reclaim: Callable[[int], None] | None = None
+        #: Where refusals are logged, a line per burst (None: not logged).
+        self.burst: BurstLog | None = None
 
     def take(self, n: int) -> bool:
         """Reserve ``n`` bytes; False (and nothing reserved) if they do not fit."""
@@ -35,6 +39,8 @@ class ByteBudget:
                 self.reclaim(self.in_use + n - self.limit)
             if self.in_use + n > self.limit:
                 self.refused += 1
+                if self.burst is not None:
+                    self.burst.note(limit=self.limit, in_use=self.in_use)
                 return False
         self.in_use += n
         return True

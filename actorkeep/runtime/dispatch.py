@@ -10,7 +10,6 @@ through here.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from ..http import Response, error_response
 from .activation import Activation, ActivationHost, reset_current_actor, set_current_actor
 from .activations import Activations
 from .alarms import AlarmScheduler
+from .burst import BurstLog
 from .failures import Failures, quarantine_message
 from .faults import FaultHooks
 from .gate import Gate
@@ -74,12 +74,15 @@ class Dispatcher:
         self.max_pending = max_pending
         self.quarantine: Quarantine | None = None
         self.alarms: AlarmScheduler | None = None
+        #: Addresses being deleted (removal.py): no activation until they are gone.
+        self.removing: set[str] = set()
         self.closing = False
         self._nursery: trio.Nursery | None = None
         self._inline_budget = INLINE_YIELD_EVERY
         self.now: Callable[[], float] = trio.current_time
-        self._overloads = 0  # events refused for a full inbox since the last log line
-        self._overload_logged = -math.inf
+        self._overloads = BurstLog(
+            "refusing events: an actor's inbox is full", lambda: self.now(), OVERLOAD_LOG_EVERY
+        )
 
     def start(self, nursery: trio.Nursery, quarantine: Quarantine, alarms: AlarmScheduler) -> None:
         self._nursery = nursery
@@ -173,6 +176,8 @@ class Dispatcher:
             return act
         if self.quarantine is not None and address in self.quarantine:
             raise Quarantined(quarantine_message(address))
+        if address in self.removing:
+            raise Overloaded(f"{address} is being deleted", retry_after=1.0)
         check_actor_name(name)  # the one place a file can come into being: never trust callers
         act = Activation(self.host, actor_class, address, name)
         self.activations.add(act)
@@ -189,19 +194,9 @@ class Dispatcher:
             wake(act.task)
 
     def _note_overload(self, address: str) -> None:
-        """Count an event refused for a full inbox; log it, at most once per
-        ``OVERLOAD_LOG_EVERY`` seconds, with how many were refused since the last line."""
+        """Count an event refused for a full inbox, and log the burst (burst.py)."""
         self.stats.inbox_full += 1
-        self._overloads += 1
-        now = self.now()
-        if now - self._overload_logged >= OVERLOAD_LOG_EVERY:
-            log.warning(
-                "refusing events: an actor's inbox is full",
-                address=address,
-                max_pending=self.max_pending,
-                refused=self._overloads,
-            )
-            self._overload_logged, self._overloads = now, 0
+        self._overloads.note(address=address, max_pending=self.max_pending)
 
     async def _worker(self, act: Activation) -> None:
         act.task = current_task()

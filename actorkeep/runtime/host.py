@@ -42,6 +42,7 @@ from .access import Access, check_reentry
 from .activation import Activation
 from .alarms import AlarmIndex, AlarmScheduler, LocalAlarmIndex
 from .budget import ByteBudget
+from .burst import BurstLog
 from .clock import Clock, WallClockGuard
 from .dispatch import Dispatcher
 from .failures import Failures
@@ -52,6 +53,7 @@ from .hostdb import HostDb, open_host_db
 from .intake import creation_refused, event_for
 from .rebuild import rebuild_if_needed
 from .registry import Quarantine, Registrar, Registry
+from .removal import Remover
 from .router import LocalRouter, Router, Target
 from .stats import HostStats
 from .storage import Database, StorageBackend
@@ -68,12 +70,12 @@ DRAIN_SECONDS = 10.0
 class Host:
     """Runs the actors of an ``App`` on one trio thread. Use ``async with host.open():``.
 
-    ``alarm_scheduler`` is the class of the alarm scheduler and ``gate`` that of the actors'
-    output gates: subclasses only for the simulator's planted bugs. ``router(host)`` makes the
-    router every call and outside request goes through (``LocalRouter``: this host serves
-    every address; the cluster's checks its leases and forwards the rest), and
-    ``alarm_index(host_db)`` the alarm index (``LocalAlarmIndex``, in the host database; the
-    cluster's is in PostgreSQL).
+    ``alarm_scheduler`` is the class of the alarm scheduler, ``gate`` that of the actors'
+    output gates and ``remover`` that of ``remove()``: subclasses only for the simulator's
+    planted bugs. ``router(host)`` makes the router every call and outside request goes
+    through (``LocalRouter``: this host serves every address; the cluster's checks its leases
+    and forwards the rest), and ``alarm_index(host_db)`` the alarm index (``LocalAlarmIndex``,
+    in the host database; the cluster's is in PostgreSQL).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Host:
         gate: type[Gate] = Gate,
         router: Callable[[Target], Router] = LocalRouter,
         alarm_index: Callable[[HostDb], AlarmIndex] = LocalAlarmIndex,
+        remover: type[Remover] = Remover,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -110,6 +113,9 @@ class Host:
         self.max_body = max_body
         #: Bytes of outside requests in flight: bodies and what they decode to.
         self.inflight = ByteBudget(max_inflight_bytes)
+        self.inflight.burst = BurstLog(
+            "refusing requests: the bytes in flight are at --max-inflight", trio.current_time
+        )
         self.faults = faults
         #: Show outside clients the exception of a failed event (never in production).
         self.debug = debug
@@ -120,6 +126,7 @@ class Host:
         self.router: Router = router(self)
         self._scheduler_class = alarm_scheduler
         self._index_class = alarm_index
+        self._remover_class = remover
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._host_db: HostDb | None = None
@@ -127,6 +134,7 @@ class Host:
         self._registry: Registry | None = None
         self._registrar: Registrar | None = None
         self._quarantine: Quarantine | None = None
+        self._remover: Remover | None = None
         #: What the host counts as it runs (read by the metrics endpoint).
         self.stats = HostStats()
         self._failures = Failures(self.rng, debug, self._take_out, self._saved)
@@ -214,6 +222,18 @@ class Host:
                 index, self.clock, self, self.dispatcher.fire_alarm, quarantine, self.buggify
             )
             self._alarms.stats = self.stats
+            if isinstance(index, LocalAlarmIndex):  # a cluster's entries are elsewhere
+                self._remover = self._remover_class(
+                    self.classes,
+                    self.router.serves,
+                    self.dispatcher,
+                    self._alarms,
+                    registry,
+                    self._registrar,
+                    quarantine,
+                    self.storage,
+                    host_db.sync,
+                )
         except BaseException:
             host_db.close()
             self.storage.close()
@@ -412,6 +432,17 @@ class Host:
         ev = Event("rpc", rpc.fn, None, chain, None, copied, "msgpack", rpc.inline)
         reply = await self.dispatcher.dispatch(address, actor_class, name, ev, timeout)
         return decode_reply(reply)
+
+    async def remove(self, address: str) -> int:
+        """Delete an idle actor: its alarm, its registry entry, its database (removal.py).
+        How many bytes its files held. ``RemoteError`` (400, 404, 409) when it cannot."""
+        if self._alarms is None:
+            raise HostClosed("the host is not open")
+        if self._remover is None:
+            raise RemoteError(
+                409, "NotSupported", "deleting an actor from a running cluster is not built yet"
+            )
+        return await self._remover.remove(address)
 
     # -- what the activations and the alarm scheduler ask of the host ---------------------
     def evict(self, address: str) -> bool:

@@ -111,6 +111,11 @@ class Quarantine:
         self.reasons[address] = reason
         self._registry.quarantine(address, reason, self._now())
 
+    def discard(self, address: str) -> None:
+        """Release ``address`` (a plain write, as ``add``'s)."""
+        self.reasons.pop(address, None)
+        self._registry.release(address)
+
 
 class Registrar:
     """Registers new actors in the background, each once its own database is durable (so
@@ -134,6 +139,10 @@ class Registrar:
         if address not in self._pending:
             self._pending.add(address)
             self._spawn(self._register, address, sync)
+
+    def pending(self, address: str) -> bool:
+        """Whether ``address`` waits for its registration."""
+        return address in self._pending
 
     async def _register(self, address: str, sync: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from ..address import CLASS_NAME_RE, actor_path, check_actor_name, name_from_stem
+from ..address import actor_path
 from ..errors import StorageDamaged
 from .backend import Database, StorageBackend
 from .damage import (
@@ -38,6 +38,7 @@ from .damage import (
     read_ahead,
 )
 from .dirlock import DataDirInUse, lock_data_dir
+from .files import actor_files, delete_database
 from .syncer import Syncer
 
 __all__ = [
@@ -387,35 +388,14 @@ class FileStorage:
         return actor_path(self._actors, class_name, name).exists()
 
     def actors(self) -> Iterator[tuple[str, str]]:
-        for class_dir in _subdirs(self._actors):
-            if CLASS_NAME_RE.fullmatch(class_dir.name) is None:
-                continue
-            for outer in _subdirs(class_dir):
-                for inner in _subdirs(outer):
-                    with os.scandir(inner) as entries:
-                        for entry in entries:
-                            if entry.name.endswith(".sqlite") and entry.is_file():
-                                name = self._name_of(Path(entry.path))
-                                if name is not None:
-                                    yield class_dir.name, name
+        return actor_files(self._actors)
 
-    @staticmethod
-    def _name_of(path: Path) -> str | None:
-        name = name_from_stem(path.name[: -len(".sqlite")])
-        if name is not None:
-            return name
-        # A long name is kept as its digest; the database records the name itself.
-        with contextlib.suppress(sqlite3.Error):
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-            try:
-                found = read_address(conn)
-            finally:
-                conn.close()
-            if found is not None:
-                name = found[0].partition("/")[2]
-                with contextlib.suppress(ValueError):
-                    return check_actor_name(name)
-        return None
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        path = actor_path(self._actors, class_name, name)
+        await self.ready(class_name, name)  # its last close has run
+        if self.syncer is None:
+            return delete_database(path)
+        return await self.syncer.run(lambda: delete_database(path), f"delete {path}")
 
     def has_actors(self) -> bool:
         try:
@@ -485,12 +465,3 @@ class FileStorage:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
-
-
-def _subdirs(path: Path) -> Iterator[Path]:
-    try:
-        with os.scandir(path) as entries:
-            dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        return
-    yield from dirs

@@ -10,16 +10,17 @@ handler); retries keep it and count up ``retry_count``. The invariants:
 - ``alarm-no-phantom``: a firing's ``scheduled_at`` was set on that timer before it fired
   (by a set that answered it, an unanswered set that could have, or the handler's re-arm,
   which the handler reports before (``rearm``) and after (``rearmed``) setting it).
-- ``alarm-replaced-never-fires``: once a set or delete that does not set ``at`` completed,
-  having started after every possible source of ``at`` completed, ``at`` never fires again
-  (set and delete are durable, so no crash or power loss excuses it).
+- ``alarm-replaced-never-fires``: once a set, a delete or the timer's removal that does not
+  set ``at`` completed, having started after every possible source of ``at`` completed, ``at``
+  never fires again (all three are durable, so no crash or power loss excuses it).
 - ``alarm-timely``: a first firing comes no later than ``late`` (the world's late-alarm bound)
   plus a second after its time or the host's last restart, whichever is later. (Not checked
   when the BUGGIFY site that fails alarm events is on: each failure adds a 2 s cooldown.)
 - ``alarm-liveness``: after the heal and a wait longer than any alarm, retry or lateness, no
   timer still holds an alarm.
 - ``alarm-at-least-once``: the last alarm a timer was definitely given (and any alarm its
-  handler set after that) fired successfully, and the plain write its handler made survived.
+  handler set after that) fired successfully, and the plain write its handler made survived
+  (a removal that was not refused counts as a change: it empties the timer).
 """
 
 from __future__ import annotations
@@ -168,12 +169,18 @@ class AlarmChecker:
 
     def check_not_replaced(self, timer: str, f: Fault, at: float, last_source: float) -> None:
         for op in self.ops[timer]:
-            if op.status != "ok" or op.kind not in ("alarm.set", "alarm.delete"):
+            if op.status != "ok" or op.kind not in ("alarm.set", "alarm.delete", "alarm.remove"):
                 continue
             if op.kind == "alarm.set" and abs(op.result - at) <= EPS:
                 continue
             if last_source < op.invoke_index and op.complete_index < f.index:
-                what = "deleted" if op.kind == "alarm.delete" else f"replaced by {op.result:.6f}"
+                what = (
+                    f"replaced by {op.result:.6f}"
+                    if op.kind == "alarm.set"
+                    else "deleted with its timer"
+                    if op.kind == "alarm.remove"
+                    else "deleted"
+                )
                 self.fail(
                     "alarm-replaced-never-fires",
                     f"{timer}'s alarm {at:.6f} was {what} and still fired (entry {f.index})",
@@ -201,7 +208,9 @@ class AlarmChecker:
         changes = [
             op
             for op in self.ops[timer]
-            if op.kind in ("alarm.set", "alarm.delete") and op.invoke_index < final.invoke_index
+            if op.kind in ("alarm.set", "alarm.delete", "alarm.remove")
+            and op.status != "fail"  # a refused removal changed nothing
+            and op.invoke_index < final.invoke_index
         ]
         definite = [op for op in changes if op.status == "ok"]
         if not definite:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from actorkeep.runtime.removal import Remover
+
 from ..faults import FaultDraw
 from ..history import History
 from ..runner import Scenario, Setup
@@ -37,7 +39,13 @@ def setup(plan: AlarmPlan, scheduler_cls: Any, draw: FaultDraw) -> Setup:
             "rearm_p": plan.rearm_p,
             "gated_p": plan.gated_p,
         },
-        host_options={} if scheduler_cls is None else {"alarm_scheduler": scheduler_cls},
+        host_options=(
+            {}
+            if scheduler_cls is None
+            else {"remover": scheduler_cls}
+            if issubclass(scheduler_cls, Remover)
+            else {"alarm_scheduler": scheduler_cls}
+        ),
     )
 
 

@@ -1,4 +1,5 @@
-"""The alarm workload: clients set, replace and delete timer actors' alarms under faults.
+"""The alarm workload: clients set, replace and delete timer actors' alarms under faults, and
+in some runs an operator deletes whole timers (``Host.remove``, ``actorkeep rm``).
 
 Each timer's ``alarm`` reports every firing to the world (``History.observe``) and records it
 with a plain write in its own table; during the fault phase it sometimes fails (the host
@@ -9,6 +10,7 @@ every timer is read for the checker (sim/alarms/checker.py).
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,17 +140,21 @@ def draw_plan(rng: random.Random) -> AlarmPlan:
 
 
 def classify(reply: Any) -> tuple[Status, Any]:
-    return "ok", reply
+    """A refusal (a dict) changed nothing; anything else is the call's answer."""
+    return ("fail" if isinstance(reply, dict) else "ok"), reply
 
 
 async def timer_op(world: World, process: str, timer: str, name: str, **args: Any) -> Any:
     address = f"{TIMER_CLASS}/{timer}"
+
+    async def call() -> Any:
+        try:
+            return await world.rpc(address, name, timeout=None, **args)
+        except ak.Overloaded as exc:  # the operator is deleting the timer: nothing ran
+            return {"refused": 503, "message": exc.message}
+
     return await world.invoke(
-        process,
-        f"alarm.{name}",
-        {"timer": address, **args},
-        lambda: world.rpc(address, name, timeout=None, **args),
-        classify=classify,
+        process, f"alarm.{name}", {"timer": address, **args}, call, classify=classify
     )
 
 
@@ -167,6 +173,32 @@ async def alarm_client(world: World, process: str, plan: AlarmPlan, rng: random.
             await timer_op(world, process, timer, kind)
 
 
+async def remove_timer(world: World, address: str) -> Any:
+    """``actorkeep rm`` of a timer: the bytes freed, or the refusal (busy, or no such actor;
+    a cluster refuses every one)."""
+    inc = await world.wait_up()
+    try:
+        return await inc.host.remove(address)
+    except ak.RemoteError as exc:
+        if exc.status in (404, 409):
+            return {"refused": exc.status, "message": exc.message}
+        raise
+
+
+async def alarm_operator(world: World, plan: AlarmPlan, rng: random.Random, count: int) -> None:
+    """An operator who deletes timers now and then, while the clients use them."""
+    for _ in range(count):
+        await trio.sleep(rng.choice(plan.think) + rng.random() * 0.2)
+        address = f"{TIMER_CLASS}/t{rng.randrange(plan.timers)}"
+        await world.invoke(
+            "operator",
+            "alarm.remove",
+            {"timer": address},
+            functools.partial(remove_timer, world, address),
+            classify=classify,
+        )
+
+
 def run_alarm_workload(
     world: World,
     plan: AlarmPlan,
@@ -181,9 +213,14 @@ def run_alarm_workload(
     recorder.rearm_delays = plan.delays
 
     async def main(w: World) -> None:
+        operator = w.rng("operator")
+        removals = operator.choice([0, 0, 3, 8])  # in half of the runs, nobody deletes timers
         async with trio.open_nursery() as nursery:
             for i in range(plan.processes):
                 nursery.start_soon(alarm_client, w, f"c{i}", plan, w.rng(f"client/c{i}"))
+            if removals:
+                w.history.note(f"an operator deletes timers: {removals} times")
+                nursery.start_soon(alarm_operator, w, plan, operator, removals)
             if fault_count:
                 span = plan.ops_per_process * (sum(plan.think) / len(plan.think) + 0.01) + 0.05
                 nursery.start_soon(
