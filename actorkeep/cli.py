@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "clock":
         raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
     if args.command in commands.COMMANDS:
-        raise SystemExit(commands.run(args))
+        raise SystemExit(commands.run(args, load_app))
     if args.reload:
         from .reload import supervise
 

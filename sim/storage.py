@@ -210,6 +210,8 @@ class SimStorageView:
         if file.live is not None:
             file.live.close()
         await trio.sleep(self.storage.fsync_delay())  # the directory's sync
+        if self.fenced:  # crashed meanwhile: the deletion is not answered
+            raise Fenced(f"host incarnation {self.incarnation} has crashed")
         if self.storage.on_remove is not None:
             self.storage.on_remove(key)
         return len(file.committed or b"")

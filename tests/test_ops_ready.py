@@ -14,6 +14,7 @@ import trio
 import actorkeep as ak
 import queues
 import shards
+from actorkeep.ops import inspect
 from actorkeep.ops.admin import AdminFront
 from actorkeep.ops.inspect import InspectError
 from actorkeep.ops.source import SourceError, open_source
@@ -265,8 +266,18 @@ def test_the_queue_and_kv_commands(tmp_path: Path) -> None:
     offline = cli_json("queue", "stats", "queue/jobs", "--data", str(data))
     assert (offline["ready"], offline["dead"]) == (2, 0)  # b, and a redriven; c cancelled
     no = cli("queue", "redrive", "queue/jobs", "--all", "--data", str(data))
-    assert no.returncode == 1 and "serve the app with --admin" in no.stderr
+    assert no.returncode == 1 and "give --app MODULE:APP" in no.stderr
     assert cli_json("kv", "get", "kv", "user/2", "--shards", "4", "--data", str(data)) == entry
+    # With the app, the writes run on the stopped directory as the queue's own events.
+    with_app = ("--app", "tests.test_ops_ready:app", "--data", str(data))
+    gone = cli_json("queue", "cancel", "queue/jobs", str(ids[1]), *with_app)
+    assert gone == {"queue": "queue/jobs", "id": ids[1], "cancelled": True}
+    after = cli_json("queue", "stats", "queue/jobs", "--data", str(data))
+    assert (after["ready"], after["dead"]) == (1, 0)
+    nowhere = cli("queue", "cancel", "queue/nowhere", "1", *with_app)
+    assert nowhere.returncode == 1 and "no queue queue/nowhere" in nowhere.stderr
+    assert "Traceback" not in nowhere.stderr
+    assert not inspect.database_path(data / "actors", "queue/nowhere").exists()
 
 
 async def test_the_metrics_count_queues_and_kv(tmp_path: Path) -> None:

@@ -176,3 +176,88 @@ async def test_remove_on_the_simulator_s_storage(autojump_clock: trio.testing.Mo
         assert await host.host.remove("doc/a") > 0
         assert "actors/doc/a" not in storage.files
         assert await rpc(host, "doc/a", "rows") == 0
+
+
+class FailingRemoval(FileStorage):
+    """Deletions fail (after deleting the files, with ``after_delete``) while ``fail`` is set,
+    once ``go`` is set."""
+
+    def __init__(self, root: Path, after_delete: bool = False) -> None:
+        super().__init__(root, in_thread=False)
+        self.fail = True
+        self.after_delete = after_delete
+        self.go = trio.Event()
+
+    async def remove_actor(self, class_name: str, name: str) -> int:
+        await self.go.wait()
+        if not self.fail:
+            return await super().remove_actor(class_name, name)
+        if self.after_delete:
+            await super().remove_actor(class_name, name)
+        raise OSError(5, "Input/output error")
+
+
+async def test_a_failed_remove_loses_nothing_and_its_alarm_still_fires(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fired.clear()
+    storage = FailingRemoval(tmp_path)
+    async with open_host(app, storage=storage) as host:
+        await rpc(host, "doc/a", "fill")  # an alarm 60 s on
+        await trio.sleep(1)
+        async with trio.open_nursery() as nursery:
+
+            async def remove() -> None:
+                with pytest.raises(OSError):
+                    await host.host.remove("doc/a")
+
+            nursery.start_soon(remove)
+            await trio.sleep(90)  # due meanwhile, and held
+            assert fired == []
+            storage.go.set()
+        await trio.sleep(1)
+        assert fired == ["doc/a"]  # once the deletion failed, at once
+        assert await rpc(host, "doc/a", "rows") == 1  # its data is there
+
+
+async def test_a_quarantined_actor_stays_quarantined_if_its_file_cannot_be_deleted(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir=tmp_path) as host:
+        await rpc(host, "doc/a", "fill")
+        await trio.sleep(1)
+    for f in files_of(tmp_path, "doc/a"):
+        f.write_bytes(b"")
+    storage = FailingRemoval(tmp_path)
+    storage.go.set()
+    async with open_host(app, storage=storage) as host:
+        assert (await host.request("POST", "/doc/a/_rpc/rows", json={})).status == 503
+        with pytest.raises(OSError):
+            await host.host.remove("doc/a")
+        assert "doc/a" in host.host.quarantined
+        assert (await host.request("POST", "/doc/a/_rpc/rows", json={})).status == 503
+        storage.fail = False
+        await host.host.remove("doc/a")  # once it can be deleted
+        assert host.host.quarantined == {}
+        assert await rpc(host, "doc/a", "rows") == 0
+
+
+async def test_rm_again_finishes_a_removal_cut_short_after_the_file_went(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A crash between the file's deletion and its alarm entry's leaves the entry: ``rm``
+    still finds the actor, and drops it; the alarm never fires and no file comes back."""
+    fired.clear()
+    storage = FailingRemoval(tmp_path, after_delete=True)
+    storage.go.set()
+    async with open_host(app, storage=storage) as host:
+        await rpc(host, "doc/a", "fill")
+        await trio.sleep(1)
+        with pytest.raises(OSError):
+            await host.host.remove("doc/a")
+        assert files_of(tmp_path, "doc/a") == [] and host.host.alarm_index.get("doc/a")
+        storage.fail = False
+        assert await host.host.remove("doc/a") == 0
+        assert host.host.alarm_index.get("doc/a") is None
+        await trio.sleep(120)
+        assert fired == [] and files_of(tmp_path, "doc/a") == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import functools
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..app import App
 from .backup import check_destination
 from .inspect import InspectError, address_prefix, page_size
 from .source import Source, SourceError, open_source
@@ -80,10 +82,14 @@ def add_ready_parsers(sub: Any, command: Callable[..., argparse.ArgumentParser])
     p = on_queue("dead", "dead letters, oldest first, with why they failed")
     paged(p, "dead letters", "ID")
     on_queue("get", "one message, wherever it is").add_argument("id", type=int, metavar="ID")
+    app_help = "on a stopped host's directory: the app, whose host runs the change (MODULE:APP)"
     p = on_queue("redrive", "send dead letters back to the queue (every one, or the IDs given)")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     p.add_argument("--all", action="store_true", help="every dead letter (no IDs given)")
-    on_queue("cancel", "delete a waiting message").add_argument("id", type=int, metavar="ID")
+    p.add_argument("--app", metavar="MODULE:APP", help=app_help)
+    p = on_queue("cancel", "delete a waiting message")
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("--app", metavar="MODULE:APP", help=app_help)
 
     about = "read a KV namespace (its shard actors): one key, or keys by prefix"
     kv = sub.add_parser("kv", help=about, description=about)
@@ -109,10 +115,14 @@ def paged(p: argparse.ArgumentParser, what: str, cursor: str) -> None:
     p.add_argument("--limit", type=int, help=f"{what} per page (100; at most 1,000)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the operations command ``args.command``: its exit status."""
+def run(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
+    """Run the operations command ``args.command``: its exit status. ``load_app`` imports the
+    ``--app`` a queue write on a stopped host's directory runs with."""
+    spec = getattr(args, "app", None)
+    app = None if spec is None else functools.partial(load_app, spec)
     try:
-        with open_source(Path(args.data).resolve(), args.admin, args.admin_token) as source:
+        data = Path(args.data).resolve()
+        with open_source(data, args.admin, args.admin_token, app) as source:
             answer = _ASK[args.command](source, args)
     except (InspectError, SourceError) as exc:
         print(f"actorkeep {args.command}: {exc}", file=sys.stderr)

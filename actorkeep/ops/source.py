@@ -15,15 +15,17 @@ import json
 import os
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
 from .. import codec
+from ..app import App
 from ..runtime.alarm_index import LocalAlarmIndex
 from ..runtime.files import delete_database
+from ..runtime.host import Host
 from ..runtime.hostdb import HostDb
 from ..runtime.registry import Registry
 from ..runtime.storage import DataDirInUse, FileStorage
@@ -74,11 +76,20 @@ class Source(Protocol):
 
 
 class Offline:
-    """A data directory no host serves, read under its lock."""
+    """A data directory no host serves, read under its lock. ``app``: how to get the app that
+    serves it, for the queue writes (``--app``; None: they are refused)."""
 
-    def __init__(self, data: Path, host_db: HostDb) -> None:
+    def __init__(
+        self,
+        data: Path,
+        host_db: HostDb,
+        release: Callable[[], None],
+        app: Callable[[], App] | None = None,
+    ) -> None:
         self.data = data
         self.host_db = host_db
+        self._release = release
+        self._app = app
         self.actors_root = data / "actors"
         self.registry = Registry(host_db)
         self.alarm_index = LocalAlarmIndex(host_db)
@@ -113,19 +124,25 @@ class Offline:
 
     def remove(self, address: str) -> dict[str, Any]:
         """Delete an actor's database and forget it, in the order of ``Host.remove``
-        (runtime/removal.py): the registry forgets it durably, the files go, then the alarm's
-        entry. A crash before the files go leaves files that the actor's next event or alarm
-        takes as its own (run ``rm`` once more), never a registered actor without its file nor
-        an alarm nothing wakes."""
+        (runtime/removal.py): the registry forgets it durably, the files go, then its
+        quarantine and alarm entries. A crash before the files go leaves files that the
+        actor's next event or alarm takes as its own (run ``rm`` once more), never a
+        registered actor without its file, a damaged file out of quarantine, nor an alarm
+        nothing wakes."""
         path = inspect.database_path(self.actors_root, address)
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
-        if not self.registry.has(address) and not any(f.exists() for f in files):
+        known = self.registry.has(address) or address in self.registry.quarantined()
+        if (
+            not known
+            and self.alarm_index.get(address) is None
+            and not any(f.exists() for f in files)
+        ):
             raise InspectError("no such actor", 404)
-        self.registry.release(address)
         self.registry.forget(address)
         trio.run(self.host_db.sync)
         freed = delete_database(path)
-        self.alarm_index.remove(address)  # last: an alarm in the file always has its entry
+        self.registry.release(address)
+        self.alarm_index.remove(address)
         trio.run(self.host_db.sync)
         return {"deleted": address, "bytes": freed}
 
@@ -145,10 +162,34 @@ class Offline:
         return ready.offline_get(self.actors_root, address, id, self.now)
 
     def queue_redrive(self, address: str, ids: list[int] | None) -> dict[str, Any]:
-        raise SourceError(_QUEUE_WRITES)
+        return self._as_host(lambda r: r.redrive(address, ids))
 
     def queue_cancel(self, address: str, id: int) -> dict[str, Any]:
-        raise SourceError(_QUEUE_WRITES)
+        return self._as_host(lambda r: r.cancel(address, id))
+
+    def _as_host(
+        self, change: Callable[[ready.Ready], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Run ``change`` as the operator of a host of the app, opened on the directory for
+        as long as it takes: one of the queue's own events, as on a running host."""
+        if self._app is None:
+            raise SourceError(_QUEUE_WRITES)
+        app = self._app()
+        self._release()  # the host takes the directory's lock itself
+
+        async def run() -> dict[str, Any]:
+            host = Host(app, FileStorage(self.data))
+            async with host.open():
+                try:
+                    return await change(ready.Ready(host))
+                except InspectError as exc:  # raised here, not from the host's nursery
+                    refused = exc
+            raise refused
+
+        try:
+            return trio.run(run)
+        except DataDirInUse:
+            raise SourceError(f"a host started on {str(self.data)!r} meanwhile") from None
 
     def kv_get(self, class_name: str, shards: int | None, key: str) -> dict[str, Any]:
         return ready.offline_kv_get(self.actors_root, class_name, shards, key, self.now)
@@ -162,7 +203,8 @@ class Offline:
 
 _QUEUE_WRITES = (
     "a redrive or cancel runs as one of the queue's own events (in order with its sends and "
-    "leases, its alarm set with the change): serve the app with --admin, then run it again"
+    "leases, its alarm set with the change): give --app MODULE:APP to run it with the app on "
+    "this stopped directory, or ask the running host (serve the app with --admin)"
 )
 
 
@@ -269,9 +311,11 @@ class Online:
 
 
 @contextlib.contextmanager
-def open_source(data: Path, admin: str | None, token: str | None) -> Iterator[Source]:
+def open_source(
+    data: Path, admin: str | None, token: str | None, app: Callable[[], App] | None = None
+) -> Iterator[Source]:
     """The running host's admin API (``admin``, or the one it wrote in ``data``), else the
-    data directory itself."""
+    data directory itself (``app``: the app that serves it, for queue writes)."""
     token = token or os.environ.get(TOKEN_ENV) or None
     if admin is not None:
         yield Online(admin, token)
@@ -285,11 +329,19 @@ def open_source(data: Path, admin: str | None, token: str | None) -> Iterator[So
         storage.close()
         yield Online(_written_url(data), token)
         return
+    closed = False
+
+    def release() -> None:
+        nonlocal closed
+        if not closed:
+            closed = True
+            host_db.close()
+            storage.close()
+
     try:
-        yield Offline(data, host_db)
+        yield Offline(data, host_db, release, app)
     finally:
-        host_db.close()
-        storage.close()
+        release()
 
 
 def _written_url(data: Path) -> str:

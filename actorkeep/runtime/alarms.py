@@ -298,6 +298,8 @@ class AlarmScheduler:
         if forget:
             self._failures.pop(address, None)
             self.index.remove(address)
+        else:
+            self.poke(self.clock.now())  # it may have come due meanwhile, unseen by the scans
 
     def _forget_deleted(self, act: Activation, token: object) -> None:
         """A gated deletion is durable: drop the entry unless the alarm was set since."""

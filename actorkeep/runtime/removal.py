@@ -5,12 +5,13 @@ checkpoint, no alarm event queued or cooling down, no registration pending. Anyt
 refused (409), for the operator to try again, rather than cancelled under the actor's feet.
 
 While it is deleted, the address takes no events (503, retry) and fires no alarm. Its registry
-and quarantine entries go first, durably; then its file; then its alarm index entry, durably.
-So a crash never leaves a registered actor without its file (which the host would take for
-damage), nor an alarm in a file with no entry to wake it: a crash before the file goes leaves
-the whole actor, which its next event or its alarm takes up again; a crash after it leaves the
-alarm's entry, and when that alarm comes it starts an empty actor, finds no alarm in it and is
-dropped (decision 0021).
+entry goes first, durably; then its file; then its quarantine and alarm index entries,
+durably. So a crash (or a failed step) never leaves a registered actor without its file (which
+the host would take for damage), a damaged file out of quarantine, nor an alarm in a file with
+no entry to wake it. A crash before the file goes leaves the whole actor, which its next event
+or its alarm takes up again; a crash after it leaves the alarm's entry, which ``rm`` run again
+drops, and which, if the alarm comes first, starts an empty actor that finds no alarm (``rm``
+deletes that too). Decision 0021.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Remover:
             self._registry.has(address)
             or address in self._quarantine
             or self._storage.exists(class_name, name)
+            or self._alarms.index.get(address) is not None  # left by an rm a crash cut short
         ):
             raise RemoteError(404, "NotFound", f"no actor {address}")
         if self.busy(address, act):
@@ -100,15 +102,15 @@ class Remover:
         return act.gate is not None and act.gate.busy
 
     async def erase(self, address: str, class_name: str, name: str) -> int:
-        """The registry forgets the actor, durably; its file goes; then its alarm's entry."""
+        """The registry forgets the actor, durably; its file goes; then its quarantine and
+        alarm index entries, durably."""
         await self.forget(address)
         freed = await self.delete_database(class_name, name)
-        await self.drop_alarm(address)
+        await self.drop_entries(address)
         return freed
 
     async def forget(self, address: str) -> None:
-        """Drop the actor's registry and quarantine entries, durably."""
-        self._quarantine.discard(address)
+        """Drop the actor's registry entry, durably."""
         self._registry.forget(address)
         await self._sync_host_db()
 
@@ -116,7 +118,9 @@ class Remover:
         """Delete the actor's files, durably; how many bytes they held."""
         return await self._storage.remove_actor(class_name, name)
 
-    async def drop_alarm(self, address: str) -> None:
-        """Drop the actor's alarm index entry, durably."""
+    async def drop_entries(self, address: str) -> None:
+        """Drop the actor's quarantine and alarm index entries, durably (last: until the
+        file is gone, a damaged actor stays quarantined and an alarm in it has its entry)."""
+        self._quarantine.discard(address)
         self._alarms.release(address, forget=True)
         await self._sync_host_db()

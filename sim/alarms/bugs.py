@@ -43,6 +43,7 @@ class RemoveFilesFirst(Remover):
     async def erase(self, address: str, class_name: str, name: str) -> int:
         freed = await self.delete_database(class_name, name)
         await self.forget(address)
+        await self.drop_entries(address)
         return freed
 
 
@@ -52,7 +53,7 @@ class RemoveAlarmFirst(Remover):
     by the alarm checker)."""
 
     async def erase(self, address: str, class_name: str, name: str) -> int:
-        await self.drop_alarm(address)
+        await self.drop_entries(address)
         await self.forget(address)
         return await self.delete_database(class_name, name)
 
