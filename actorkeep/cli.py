@@ -199,7 +199,7 @@ async def serve(
             **host_options,
         )
         beside_host = node.run
-        seen_cluster = ClusterView(node.store, node.held)
+        seen_cluster = ClusterView(node.view, node.held)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:

@@ -65,11 +65,21 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             assert views[0]["leases"][where["partition"]]["owner"] == where["owner"]
             other = answers[1 - ok[0]].stderr
             assert f"held by {where['owner']}" in other and "ask that host's admin API" in other
-        # Deleting an actor is not built for a cluster: refused, and nothing is lost.
-        refused = cli("rm", "counter/c0", "--admin", urls[0])
-        assert refused.returncode == 1 and "not built yet" in refused.stderr
-        still = cli_json("ls", "--prefix", "counter/c0", "--admin", urls[1])
-        assert [x["address"] for x in still["actors"]] == ["counter/c0"]
+        # rm: refused by the host that does not hold it, saying which does; done by the owner,
+        # for the whole cluster (its state in PostgreSQL and its working copy).
+        where = json.loads(cli("show", "counter/c0", "--admin", urls[0], "--json").stdout or "{}")
+        owner = 0 if where.get("cluster", {}).get("here") else 1
+        refused = cli("rm", "counter/c0", "--admin", urls[1 - owner])
+        assert refused.returncode == 1 and "ask that host's admin API" in refused.stderr
+        gone = cli_json("rm", "counter/c0", "--admin", urls[owner])
+        assert gone["deleted"] == "counter/c0" and gone["bytes"] > 0
+        for url in urls:
+            left = cli_json("ls", "--prefix", "counter/c0", "--admin", url)
+            assert left["actors"] == []
+        status, value = first_answer([a, b], "/counter/c0/_rpc/incr_durable", 10, {"by": 1})
+        assert (status, value) == (200, 1)  # a new counter: the old one's 1 is gone
+        status, value = first_answer([a, b], "/counter/c1/_rpc/incr_durable", 10, {"by": 1})
+        assert (status, value) == (200, 2)  # the others are untouched
         # Each host's metrics say how many partitions it holds.
         held = []
         for url in urls:

@@ -46,6 +46,8 @@ def test_a_sweep_of_the_alarm_scenario_is_clean() -> None:
         # ``rm`` dropping the alarm's entry before the file: a crash in between leaves an
         # alarm nothing wakes (the order it first had).
         ("remove-alarm-first", {"alarm-liveness", "alarm-timely", "alarm-at-least-once"}, 40),
+        # ``rm`` answering done but leaving the timer's file: its old firings are read again.
+        ("remove-keeps-data", {"alarm-removed-is-gone", "alarm-liveness", "alarm-timely"}, 20),
     ],
 )
 def test_a_planted_host_bug_is_reported_with_its_seed(

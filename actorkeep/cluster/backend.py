@@ -45,7 +45,7 @@ from .database import ClusterDatabase, NotServedHere, StoreUnreachable
 from .frames import LogFormatError
 from .keeper import LeaseKeeper
 from .partitions import partition_of
-from .records import Store, StoreError, Write
+from .records import Fenced, Store, StoreError, Write
 from .replica import Replica, compact, held
 
 __all__ = ["ClusterDatabase", "ClusterStorage", "NotServedHere", "StoreUnreachable"]
@@ -411,11 +411,27 @@ class ClusterStorage:
         return self.files.has_actors()
 
     async def remove_actor(self, class_name: str, name: str) -> int:
-        """Refused: an actor's state is in the store, under its partition's epochs, and
-        deleting it there is not built yet."""
-        raise RemoteError(
-            409, "NotSupported", "deleting an actor is not supported in a cluster yet"
-        )
+        """Delete all the store holds of the actor, fenced by its partition's epoch, then its
+        local file. The host has closed it: the commit of what the close shipped ends first
+        (it would bring the actor back)."""
+        address = f"{class_name}/{name}"
+        while (old := self._open.get(address)) is not None:
+            await old.closed.wait()
+        await self.files.ready(class_name, name)
+        while (done := self._synced.get(address)) is not None:
+            await done.wait()
+        if address in self._compacting:  # its image is being written: it would come back
+            raise RemoteError(409, "Busy", f"{address} is being compacted: try again")
+        try:
+            address, partition, epoch = self._lease(class_name, name)
+            await self.in_thread(lambda: self.store.forget_actor(partition, epoch, address))
+        except (NotServedHere, Fenced):
+            raise RemoteError(409, "NotHere", f"{address} is not served by this host now") from None
+        except (psycopg.Error, StoreError) as exc:  # it may or may not be gone: rm again
+            raise StoreUnreachable(address) from exc
+        for known in (self._restored, self._loaded, self._batches):
+            known.pop(address, None)
+        return await self.files.remove_actor(class_name, name)
 
     def open_host_db(self) -> FileDatabase:
         return self.files.open_host_db()

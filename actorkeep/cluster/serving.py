@@ -21,6 +21,7 @@ from .partitions import DEFAULT_PARTITIONS, check_partitions
 from .peers import Peers, serve_peers
 from .router import ClusterRouter
 from .store import ClusterMismatch, ClusterStore, create
+from .store_view import StoreView
 
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
@@ -74,8 +75,10 @@ class ClusterNode:
         self, storage: ClusterStorage, listeners: list[trio.SocketListener], advertise: str
     ) -> None:
         self.storage = storage
-        assert isinstance(storage.store, ClusterStore)
-        self.store = storage.store  # what the admin API reads the cluster's state from
+        store = storage.store
+        assert isinstance(store, ClusterStore)
+        #: What the admin API reads the cluster's state from.
+        self.view = StoreView(store.conninfo, store.host_id, store.partitions)
         self.peers = Peers(storage.store.secret)
         self._listeners = listeners
         self._router: ClusterRouter | None = None

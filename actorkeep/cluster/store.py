@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from ..hashing import fnv1a64
-from .partitions import check_partitions, partition_of
+from .partitions import check_partitions
 from .records import (
     AlarmChange,
     ClusterMismatch,
@@ -162,7 +162,7 @@ def _locked(method: F) -> F:
             if self._conn.broken and method.__name__ != "close":
                 # PostgreSQL restarted, failed over, or the network dropped the connection: a
                 # new one (what the old one had in flight failed, its outcome unknown).
-                self._conn = connect(self._conninfo)
+                self._conn = connect(self.conninfo)
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
@@ -211,7 +211,7 @@ class ClusterStore:
         if not host_id or len(host_id) > 200:
             raise ValueError("host_id must be 1 to 200 characters")
         self.host_id = host_id
-        self._conninfo = conninfo
+        self.conninfo = conninfo
         self._clock = clock
         self._lock = threading.RLock()
         self._conn = connect(conninfo)
@@ -399,6 +399,17 @@ class ClusterStore:
             )
 
     @_locked
+    def forget_actor(self, partition: int, epoch: int, address: str) -> None:
+        """Delete all the cluster holds of an actor (its image, its frames, its alarm index
+        entry) in one transaction; fenced like ``commit``."""
+        with self._conn.transaction():
+            rows = self._conn.execute(CHECK_EPOCHS, ([partition],)).fetchall()
+            if [tuple(r) for r in rows] != [(partition, epoch)]:
+                raise Fenced([partition])
+            for table in ("actorkeep_frames", "actorkeep_images", "actorkeep_alarms"):
+                self._conn.execute(f"DELETE FROM {table} WHERE address = %s", (address,))
+
+    @_locked
     def frames(self, address: str, after: int = 0) -> list[tuple[int, bytes]]:
         """``(seq, data)`` of the actor's durable writes after ``after``, in order."""
         rows = self._conn.execute(
@@ -428,68 +439,3 @@ class ClusterStore:
         if row is None:
             raise ValueError(f"no partition {partition} (the cluster has {self.partitions})")
         return row[0], row[1]
-
-    # -- what the operator sees (actorkeep/ops): on connections of their own, so that a slow
-    # look never holds the leases' connection
-    def view(self) -> dict[str, Any]:
-        """The hosts (seconds since each was last seen), and every partition's owner, epoch
-        and seconds to its lease's expiry, by PostgreSQL's clock."""
-        with connect(self._conninfo) as conn:
-            hosts = conn.execute(
-                "SELECT host_id, address, EXTRACT(EPOCH FROM clock_timestamp() - seen_at) "
-                "FROM actorkeep_hosts ORDER BY host_id"
-            ).fetchall()
-            leases = conn.execute(
-                "SELECT partition, owner, epoch, "
-                "EXTRACT(EPOCH FROM expires_at - clock_timestamp()) "
-                "FROM actorkeep_leases ORDER BY partition"
-            ).fetchall()
-        return {
-            "host_id": self.host_id,
-            "partitions": self.partitions,
-            "hosts": [{"host_id": h, "address": a, "seen_ago": float(ago)} for h, a, ago in hosts],
-            "leases": [
-                {
-                    "partition": int(p),
-                    "owner": owner,
-                    "epoch": int(epoch),
-                    "expires_in": None if left is None else float(left),
-                }
-                for p, owner, epoch, left in leases
-            ],
-        }
-
-    def known(self, address: str) -> bool:
-        """Whether the actor at ``address`` has durable state in the cluster."""
-        with connect(self._conninfo) as conn:
-            row = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM actorkeep_images WHERE address = %s) "
-                "OR EXISTS (SELECT 1 FROM actorkeep_frames WHERE address = %s)",
-                (address, address),
-            ).fetchone()
-        return bool(row and row[0])
-
-    def partition_of(self, address: str) -> int:
-        """The partition of the actor at ``address``."""
-        return partition_of(address, self.partitions)
-
-    def addresses(self, low: str, high: str | None, after: str | None, limit: int) -> list[str]:
-        """Addresses of actors with durable state in the cluster, ``low <= address < high``
-        (None: no bound) and past ``after``, in order: up to ``limit``."""
-        start = low if after is None or after < low else after
-        op = ">" if after is not None and after >= low else ">="
-        # Compared byte by byte (as a single host orders them), whatever the database's
-        # collation; so not by the primary key's index: a scan (docs/operations.md).
-        where = f'address COLLATE "C" {op} %s'
-        params: list[Any] = [start]
-        if high is not None:
-            where += ' AND address COLLATE "C" < %s'
-            params.append(high)
-        query = (
-            f"SELECT address FROM (SELECT address FROM actorkeep_images WHERE {where} "
-            f"UNION SELECT address FROM actorkeep_frames WHERE {where}) AS known "
-            'ORDER BY address COLLATE "C" LIMIT %s'
-        )
-        with connect(self._conninfo) as conn:
-            rows = conn.execute(query, [*params, *params, limit]).fetchall()
-        return [r[0] for r in rows]

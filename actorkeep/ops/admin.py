@@ -309,9 +309,16 @@ class AdminFront:
         return about
 
     async def remove(self, address: str) -> dict[str, Any]:
-        """Delete an idle actor (409 while it has events in flight)."""
+        """Delete an idle actor (409 while it has events in flight). In a cluster, on the host
+        that holds it (409 elsewhere, saying which), whether or not it has a copy here."""
+        known = False
+        if self.cluster is not None:
+            where = await self.cluster.where(address)
+            if not where["here"]:
+                raise InspectError(_elsewhere(address, where), 409)
+            known = await self.cluster.known(address)
         try:
-            freed = await self.host.remove(address)
+            freed = await self.host.remove(address, known)
         except RemoteError as exc:
             raise InspectError(exc.message, exc.status) from None
         return {"deleted": address, "bytes": freed}

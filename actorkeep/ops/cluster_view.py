@@ -16,8 +16,8 @@ _READERS = trio.CapacityLimiter(2)
 
 
 class ClusterSource(Protocol):
-    """What ``cluster.ClusterStore`` answers (ops does not import the cluster: it needs
-    psycopg, which a single host goes without)."""
+    """What ``cluster.store_view.StoreView`` answers (ops does not import the cluster: it
+    needs psycopg, which a single host goes without)."""
 
     host_id: str
     partitions: int

@@ -222,18 +222,17 @@ class Host:
                 index, self.clock, self, self.dispatcher.fire_alarm, quarantine, self.buggify
             )
             self._alarms.stats = self.stats
-            if isinstance(index, LocalAlarmIndex):  # a cluster's entries are elsewhere
-                self._remover = self._remover_class(
-                    self.classes,
-                    self.router.serves,
-                    self.dispatcher,
-                    self._alarms,
-                    registry,
-                    self._registrar,
-                    quarantine,
-                    self.storage,
-                    host_db.sync,
-                )
+            self._remover = self._remover_class(
+                self.classes,
+                self.router.serves,
+                self.dispatcher,
+                self._alarms,
+                registry,
+                self._registrar,
+                quarantine,
+                self.storage,
+                host_db.sync,
+            )
         except BaseException:
             host_db.close()
             self.storage.close()
@@ -433,16 +432,14 @@ class Host:
         reply = await self.dispatcher.dispatch(address, actor_class, name, ev, timeout)
         return decode_reply(reply)
 
-    async def remove(self, address: str) -> int:
+    async def remove(self, address: str, known: bool = False) -> int:
         """Delete an idle actor: its alarm, its registry entry, its database (removal.py).
-        How many bytes its files held. ``RemoteError`` (400, 404, 409) when it cannot."""
-        if self._alarms is None:
-            raise HostClosed("the host is not open")
+        How many bytes its files held here. ``known``: the caller knows it exists (a
+        cluster's store says so) though this host may hold no copy. ``RemoteError`` (400,
+        404, 409) when it cannot."""
         if self._remover is None:
-            raise RemoteError(
-                409, "NotSupported", "deleting an actor from a running cluster is not built yet"
-            )
-        return await self._remover.remove(address)
+            raise HostClosed("the host is not open")
+        return await self._remover.remove(address, known)
 
     # -- what the activations and the alarm scheduler ask of the host ---------------------
     def evict(self, address: str) -> bool:

@@ -53,9 +53,10 @@ class Remover:
         self._storage = storage
         self._sync_host_db = sync_host_db
 
-    async def remove(self, address: str) -> int:
+    async def remove(self, address: str, known: bool = False) -> int:
         """Delete the actor at ``address``: its alarm, its registry and quarantine entries,
-        its database. How many bytes its files held. ``RemoteError``: 400 for a bad address,
+        its database (``known``: it exists, whatever this host knows of it). How many bytes
+        its files held. ``RemoteError``: 400 for a bad address,
         404 for an actor that does not exist, 409 while it is busy or served elsewhere."""
         try:
             class_name, name = split_address(address)
@@ -68,7 +69,8 @@ class Remover:
         dispatcher = self._dispatcher
         act = dispatcher.activations.get(address)
         if act is None and not (
-            self._registry.has(address)
+            known
+            or self._registry.has(address)
             or address in self._quarantine
             or self._storage.exists(class_name, name)
             or self._alarms.index.get(address) is not None  # left by an rm a crash cut short

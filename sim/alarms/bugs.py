@@ -58,11 +58,19 @@ class RemoveAlarmFirst(Remover):
         return await self.delete_database(class_name, name)
 
 
+class RemoveKeepsData(Remover):
+    """Answers a deletion as done and forgets the actor, but leaves its file in place."""
+
+    async def delete_database(self, class_name: str, name: str) -> int:
+        return 0
+
+
 ALARM_BUGS: dict[str, type[AlarmScheduler] | type[Gate] | type[Remover]] = {
     "early-alarm": EarlyAlarms,
     "plain-clear": PlainClearAlarms,
     "remove-while-busy": RemoveWhileBusy,
     "remove-files-first": RemoveFilesFirst,
     "remove-alarm-first": RemoveAlarmFirst,
+    "remove-keeps-data": RemoveKeepsData,
     **GATE_BUGS,
 }

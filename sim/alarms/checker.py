@@ -16,6 +16,8 @@ handler); retries keep it and count up ``retry_count``. The invariants:
 - ``alarm-timely``: a first firing comes no later than ``late`` (the world's late-alarm bound)
   plus a second after its time or the host's last restart, whichever is later. (Not checked
   when the BUGGIFY site that fails alarm events is on: each failure adds a 2 s cooldown.)
+- ``alarm-removed-is-gone``: a state read begun after a removal of the timer completed shows
+  no firing recorded before the removal began (``rm`` deletes the timer's data).
 - ``alarm-liveness``: after the heal and a wait longer than any alarm, retry or lateness, no
   timer still holds an alarm.
 - ``alarm-at-least-once``: the last alarm a timer was definitely given (and any alarm its
@@ -165,6 +167,7 @@ class AlarmChecker:
                     )
                 srcs = self.sources(timer, at, f.index) + [float(p.index) for p in previous]
             self.check_not_replaced(timer, f, at, max(srcs))
+        self.check_removed(timer)
         self.check_final(timer)
 
     def check_not_replaced(self, timer: str, f: Fault, at: float, last_source: float) -> None:
@@ -188,6 +191,30 @@ class AlarmChecker:
                     entries=(f.index,),
                 )
                 return
+
+    def check_removed(self, timer: str) -> None:
+        """A state read after a removal completed shows no firing from before it began."""
+        removals = [op for op in self.ops[timer] if op.kind == "alarm.remove" and op.status == "ok"]
+        reads = [op for op in self.ops[timer] if op.kind == "alarm.state" and op.status == "ok"]
+        for removal in removals:
+            for read in reads:
+                if read.invoke_index < removal.complete_index:
+                    continue
+                for at in read.result[1]:
+                    after = [
+                        f
+                        for f in self.fires[timer]
+                        if f.index > removal.invoke_index
+                        and abs(f.detail["scheduled_at"] - at) <= EPS
+                    ]
+                    if not after:
+                        self.fail(
+                            "alarm-removed-is-gone",
+                            f"{timer} was deleted, and still shows its firing for {at:.6f}",
+                            removal,
+                            read,
+                        )
+                        return
 
     def check_final(self, timer: str) -> None:
         finals = [

@@ -176,8 +176,8 @@ async def alarm_client(world: World, process: str, plan: AlarmPlan, rng: random.
 
 
 async def remove_timer(world: World, address: str) -> Any:
-    """``actorkeep rm`` of a timer: the bytes freed, or the refusal (busy, or no such actor;
-    a cluster refuses every one)."""
+    """``actorkeep rm`` of a timer: the bytes freed, or the refusal (busy, no such actor, or,
+    on a cluster, held by another host)."""
     inc = await world.wait_up()
     try:
         return await inc.host.remove(address)

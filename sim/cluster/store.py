@@ -209,6 +209,13 @@ class MemoryStore:
         for old in [s for s in batches if s <= seq]:
             del batches[old]
 
+    def forget_actor(self, partition: int, epoch: int, address: str) -> None:
+        if self.cluster.leases[partition].epoch != epoch:
+            raise Fenced([partition])
+        self.cluster.images.pop(address, None)
+        self.cluster.frames.pop(address, None)
+        self.cluster.alarms.pop(address, None)
+
     def frames(self, address: str, after: int = 0) -> list[tuple[int, bytes]]:
         batches = self.cluster.frames.get(address, {})
         return [(s, batches[s][2]) for s in sorted(batches) if s > after]
