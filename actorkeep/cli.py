@@ -8,7 +8,6 @@ import functools
 import gc
 import importlib
 import importlib.metadata
-import logging
 import os
 import resource
 import signal
@@ -21,6 +20,7 @@ import trio
 
 from .app import App
 from .front import ServerLimits, serve_http
+from .logs import LOG_LEVELS, configure_logging
 from .ops import commands, repair
 from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
 from .ops.cluster_view import ClusterView
@@ -59,34 +59,6 @@ def parse_access(values: list[str]) -> dict[str, str]:
             raise SystemExit(f"actorkeep: --access wants CLASS=internal, got {value!r}")
         access[class_name] = rule
     return access
-
-
-LOG_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-
-
-def configure_logging(fmt: str, level: str = "info") -> None:
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks if fmt == "json" else structlog.dev.set_exc_info,
-            renderer,
-        ],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(LOG_LEVELS[level]),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
 #: Descriptors an actor in memory holds: its database, its WAL and its shared-memory index as
@@ -199,7 +171,7 @@ async def serve(
             **host_options,
         )
         beside_host = node.run
-        seen_cluster = ClusterView(node.view, node.held)
+        seen_cluster = ClusterView(node.view, node.held, node.address)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def until_signal() -> None:
@@ -230,8 +202,10 @@ async def serve(
                     for admin_http, _ in also:  # its metrics count the app's connections
                         assert isinstance(admin_http.front, AdminFront)
                         admin_http.front.metrics.collector.server = app_server
-                    if admin_urls:  # the CLI finds the admin API there
+                    if admin_urls:  # the CLI finds the admin API there (and the cluster)
                         write_admin_file(data, admin_urls[0])
+                        if seen_cluster is not None:
+                            await seen_cluster.announce(admin_urls[0])
                     else:  # this host holds the directory: an admin file there is stale
                         forget_admin_file(data, anyone=True)
                     # What the app, the runtime and their imports made lives as long as the
@@ -421,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "clock":
         raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
     if args.command in commands.COMMANDS:
+        configure_logging("console", "warning")  # a host run by --app logs to stderr
         raise SystemExit(commands.run(args, load_app))
     if args.reload:
         from .reload import supervise

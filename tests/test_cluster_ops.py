@@ -4,7 +4,6 @@ state in the cluster; each host's metrics say what it holds."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -54,31 +53,34 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             page = cli_json("ls", "--prefix", "counter/c1", "--limit", "2", "--admin", url)
             assert [x["address"] for x in page["actors"]] == ["counter/c1", "counter/c10"]
             assert page["next"] == "counter/c10"
-        # An actor is shown by the host that holds it; the other says which host that is.
-        for i in range(COUNTERS):
+        # Any host shows any actor and runs a query on it: the host that holds it reads its
+        # copy, another asks that host's admin API (the address each announced).
+        assert all(h["admin"] in urls for h in views[0]["hosts"])
+        for i in range(4):
             address = f"counter/c{i}"
-            answers = [cli("show", address, "--admin", url, "--json") for url in urls]
-            ok = [n for n, done in enumerate(answers) if done.returncode == 0]
-            assert len(ok) == 1, [d.stderr for d in answers]
-            where = json.loads(answers[ok[0]].stdout)["cluster"]
-            assert where["here"] and where["owner"] == views[ok[0]]["host_id"]
-            assert views[0]["leases"][where["partition"]]["owner"] == where["owner"]
-            other = answers[1 - ok[0]].stderr
-            assert f"held by {where['owner']}" in other and "ask that host's admin API" in other
-        # rm: refused by the host that does not hold it, saying which does; done by the owner,
-        # for the whole cluster (its state in PostgreSQL and its working copy).
-        where = json.loads(cli("show", "counter/c0", "--admin", urls[0], "--json").stdout or "{}")
-        owner = 0 if where.get("cluster", {}).get("here") else 1
-        refused = cli("rm", "counter/c0", "--admin", urls[1 - owner])
-        assert refused.returncode == 1 and "ask that host's admin API" in refused.stderr
-        gone = cli_json("rm", "counter/c0", "--admin", urls[owner])
+            answers = [cli_json("show", address, "--admin", url) for url in urls]
+            here = [x["cluster"]["here"] for x in answers]
+            assert sorted(here) == [False, True]
+            owner = answers[here.index(True)]["cluster"]["owner"]
+            assert [x["cluster"]["owner"] for x in answers] == [owner, owner]
+            assert views[0]["leases"][answers[0]["cluster"]["partition"]]["owner"] == owner
+            assert answers[0]["tables"] == answers[1]["tables"]
+            rows = [cli_json("sql", address, "SELECT n FROM c", "--admin", u) for u in urls]
+            assert [r["rows"] for r in rows] == [[[1]], [[1]]]
+        # rm through either host: the owner deletes all the cluster holds of the actor (its
+        # state in PostgreSQL and its working copy); the other passes it on.
+        gone = cli_json("rm", "counter/c0", "--admin", urls[0])
         assert gone["deleted"] == "counter/c0" and gone["bytes"] > 0
         for url in urls:
             left = cli_json("ls", "--prefix", "counter/c0", "--admin", url)
             assert left["actors"] == []
+        gone = cli_json("rm", "counter/c1", "--admin", urls[1])
+        assert gone["deleted"] == "counter/c1"
+        missing = cli("rm", "counter/c1", "--admin", urls[0])
+        assert missing.returncode == 1 and "no actor counter/c1" in missing.stderr
         status, value = first_answer([a, b], "/counter/c0/_rpc/incr_durable", 10, {"by": 1})
         assert (status, value) == (200, 1)  # a new counter: the old one's 1 is gone
-        status, value = first_answer([a, b], "/counter/c1/_rpc/incr_durable", 10, {"by": 1})
+        status, value = first_answer([a, b], "/counter/c2/_rpc/incr_durable", 10, {"by": 1})
         assert (status, value) == (200, 2)  # the others are untouched
         # Each host's metrics say how many partitions it holds.
         held = []
@@ -88,6 +90,40 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             for family in text_string_to_metric_families(text):
                 if family.name == "actorkeep_cluster_partitions_held":
                     held.append(family.samples[0].value)
+            assert cli_json("alarms", "--admin", url)["alarms"] == []  # from PostgreSQL's index
+            assert http_request(port, "GET", "/alarms").status == 200
             page_html = http_request(port, "GET", "/cluster").body.decode()
             assert all(h in page_html for h in (views[0]["host_id"], views[1]["host_id"]))
         assert sum(held) == 16 and len(held) == 2
+
+
+def test_the_cluster_s_alarms_are_listed_soonest_first_a_page_at_a_time(
+    pg_conninfo: str,
+) -> None:
+    import psycopg
+
+    from actorkeep.cluster.store import create
+    from actorkeep.cluster.store_view import StoreView
+
+    create(pg_conninfo, 4)
+    entries = [("b/1", 5.0), ("a/2", 5.0), ("a/10", 5.0), ("c/x", 1.0), ("d/late", 99.0)]
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        for address, at in entries:
+            conn.execute("INSERT INTO actorkeep_alarms VALUES (%s, 0, %s)", (address, at))
+    view = StoreView(pg_conninfo, "me", 4)
+    assert view.alarms(float("inf"), None, 10) == [
+        ("c/x", 1.0),
+        ("a/10", 5.0),
+        ("a/2", 5.0),
+        ("b/1", 5.0),
+        ("d/late", 99.0),
+    ]  # fmt: skip  (same times in byte order of the address, as on one host)
+    first = view.alarms(50.0, None, 2)
+    assert first == [("c/x", 1.0), ("a/10", 5.0)]
+    rest = view.alarms(50.0, (first[-1][1], first[-1][0]), 10)
+    assert rest == [("a/2", 5.0), ("b/1", 5.0)]  # due by 50: not d/late
+    view.announce("http://10.0.0.9:8081")
+    view.announce("http://10.0.0.9:8082")  # a restart on another port replaces it
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        rows = conn.execute("SELECT host_id, url FROM actorkeep_admin").fetchall()
+    assert rows == [("me", "http://10.0.0.9:8082")]

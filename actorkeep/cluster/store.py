@@ -104,6 +104,11 @@ _SCHEMA = (
         partition integer NOT NULL,
         at double precision NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS actorkeep_alarms_partition ON actorkeep_alarms (partition)",
+    # Where each host's admin API is, for the others to forward an operator's reads to
+    # (actorkeep/ops; cluster/store_view.py).
+    """CREATE TABLE IF NOT EXISTS actorkeep_admin (
+        host_id text PRIMARY KEY,
+        url text NOT NULL)""",
 )
 
 

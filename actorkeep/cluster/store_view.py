@@ -24,8 +24,9 @@ class StoreView:
         and seconds to its lease's expiry, by PostgreSQL's clock."""
         with connect(self.conninfo) as conn:
             hosts = conn.execute(
-                "SELECT host_id, address, EXTRACT(EPOCH FROM clock_timestamp() - seen_at) "
-                "FROM actorkeep_hosts ORDER BY host_id"
+                "SELECT h.host_id, h.address, EXTRACT(EPOCH FROM clock_timestamp() - seen_at), "
+                "a.url FROM actorkeep_hosts h LEFT JOIN actorkeep_admin a USING (host_id) "
+                "ORDER BY h.host_id"
             ).fetchall()
             leases = conn.execute(
                 "SELECT partition, owner, epoch, "
@@ -35,7 +36,10 @@ class StoreView:
         return {
             "host_id": self.host_id,
             "partitions": self.partitions,
-            "hosts": [{"host_id": h, "address": a, "seen_ago": float(ago)} for h, a, ago in hosts],
+            "hosts": [
+                {"host_id": h, "address": a, "seen_ago": float(ago), "admin": url}
+                for h, a, ago, url in hosts
+            ],
             "leases": [
                 {
                     "partition": int(p),
@@ -46,6 +50,34 @@ class StoreView:
                 for p, owner, epoch, left in leases
             ],
         }
+
+    def announce(self, url: str) -> None:
+        """Record where this host's admin API is (``http://host:port``)."""
+        with connect(self.conninfo) as conn:
+            conn.execute(
+                "INSERT INTO actorkeep_admin VALUES (%s, %s) "
+                "ON CONFLICT (host_id) DO UPDATE SET url = excluded.url",
+                (self.host_id, url),
+            )
+
+    def alarms(
+        self, until: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[str, float]]:
+        """``(address, at)`` of the cluster's alarm index entries due by ``until``, by
+        ``(at, address)`` past ``after``: up to ``limit`` (a scan of the index: no index
+        serves that order)."""
+        where = "at <= %s"
+        params: list[Any] = [until]
+        if after is not None:
+            where += ' AND (at > %s OR (at = %s AND address COLLATE "C" > %s))'
+            params += [after[0], after[0], after[1]]
+        query = (
+            f"SELECT address, at FROM actorkeep_alarms WHERE {where} "
+            'ORDER BY at, address COLLATE "C" LIMIT %s'
+        )
+        with connect(self.conninfo) as conn:
+            rows = conn.execute(query, [*params, limit]).fetchall()
+        return [(a, float(at)) for a, at in rows]
 
     def known(self, address: str) -> bool:
         """Whether the actor at ``address`` has durable state in the cluster."""

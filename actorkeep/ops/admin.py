@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from .dashboard import COOKIE, Dashboard
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
 from .ready import Ready
-from .source import TOKEN_ENV
+from .source import FORWARDED, TOKEN_ENV, Online, SourceError
 
 #: Reads of actors' databases run in threads, one at a time, so that a slow one never
 #: holds the host's event loop.
@@ -111,6 +111,7 @@ class AdminFront:
         self.cluster = cluster
         self.actors_root = data / "actors"
         self._token = None if token is None else f"Bearer {token}".encode()
+        self._token_text = token
         self.metrics = HostMetrics(host)
         if cluster is not None:
             self.metrics.collector.cluster_held = cluster.held
@@ -152,7 +153,7 @@ class AdminFront:
             if path == "/api/actors":
                 return _only(method, "GET") or Response.json(await self.actors(query))
             if path == "/api/alarms":
-                return _only(method, "GET") or Response.json(self.alarms(query))
+                return _only(method, "GET") or Response.json(await self.alarms(query))
             if path == "/api/backup":
                 return _only(method, "POST") or await self._backup(body)
             if path == "/metrics":
@@ -169,12 +170,14 @@ class AdminFront:
             if path.startswith("/api/actors/"):
                 parts = path[len("/api/actors/") :].split("/")
                 address = "/".join(parts[:2])
+                forward = FORWARDED not in seen  # a request another host passed on stops here
                 if len(parts) == 2 and method == "DELETE":
-                    return Response.json(await self.remove(address))
+                    return Response.json(await self.remove(address, forward))
                 if len(parts) == 2:
-                    return _only(method, "GET") or Response.json(await self.show(address))
+                    refused = _only(method, "GET")
+                    return refused or Response.json(await self.show(address, forward))
                 if len(parts) == 3 and parts[2] == "sql":
-                    return _only(method, "POST") or await self._sql(address, body)
+                    return _only(method, "POST") or await self._sql(address, body, forward)
         except InspectError as exc:
             return error_response(exc.status, _ERROR_NAMES.get(exc.status, "Error"), str(exc))
         return error_response(404, "NotFound", "no such admin path")
@@ -282,18 +285,39 @@ class AdminFront:
             actor["quarantined"] = quarantined.get(actor["address"])
         return page
 
-    def alarms(self, query: dict[str, str]) -> dict[str, Any]:
-        """A page of pending alarms, soonest first (``due``: only those due now)."""
+    async def alarms(self, query: dict[str, str]) -> dict[str, Any]:
+        """A page of pending alarms, soonest first (``due``: only those due now); in a
+        cluster, the whole cluster's (from PostgreSQL)."""
         limit = inspect.page_size(_int(query, "limit"))
         until = self.host.clock.now() if query.get("due") in ("1", "true") else float("inf")
         after = inspect.alarm_cursor(query.get("after"))
-        rows = self.host.alarm_index.due(until, after, limit + 1)
+        if self.cluster is not None:
+            rows = await self.cluster.alarms(until, after, limit + 1)
+        else:
+            rows = self.host.alarm_index.due(until, after, limit + 1)
         return {"now": self.host.clock.now(), **inspect.list_alarms(rows, limit)}
 
-    async def show(self, address: str) -> dict[str, Any]:
+    async def _from_owner(
+        self, address: str, where: dict[str, Any], ask: Callable[[Online], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``ask`` the admin API of the host that holds ``address`` (with this host's token:
+        a cluster's hosts share one), marked as forwarded, so that it does not pass it on."""
+        url = where["owner_admin"]
+        try:
+            owner = Online(url, self._token_text, forwarded=True)
+            return await trio.to_thread.run_sync(lambda: ask(owner), limiter=_READERS)
+        except SourceError as exc:
+            message = f"{_elsewhere(address, where)}: it did not answer at {url} ({exc})"
+            raise InspectError(message, 503) from None
+
+    async def show(self, address: str, forward: bool = True) -> dict[str, Any]:
         """One actor: its file, tables with row counts, its alarm; in a cluster, where it
-        lives."""
+        lives, as the host that holds it answers (``forward``: ask that host)."""
         where = None if self.cluster is None else await self.cluster.where(address)
+        if where is not None and not where["here"] and forward and where["owner_admin"]:
+            about = await self._from_owner(address, where, lambda owner: owner.show(address))
+            about["cluster"] = {**where, "here": False}  # the owner's answer, asked here
+            return about
         try:
             about = await trio.to_thread.run_sync(
                 inspect.describe_actor, self.actors_root, address, limiter=_READERS
@@ -308,13 +332,16 @@ class AdminFront:
         about["alarm_index"] = self.host.alarm_index.get(address)
         return about
 
-    async def remove(self, address: str) -> dict[str, Any]:
-        """Delete an idle actor (409 while it has events in flight). In a cluster, on the host
-        that holds it (409 elsewhere, saying which), whether or not it has a copy here."""
+    async def remove(self, address: str, forward: bool = True) -> dict[str, Any]:
+        """Delete an idle actor (409 while it has events in flight). In a cluster, by the
+        host that holds it (``forward``: asked by this one; 409 naming it when it cannot
+        be), whether or not it has a copy here."""
         known = False
         if self.cluster is not None:
             where = await self.cluster.where(address)
             if not where["here"]:
+                if forward and where["owner_admin"]:
+                    return await self._from_owner(address, where, lambda o: o.remove(address))
                 raise InspectError(_elsewhere(address, where), 409)
             known = await self.cluster.known(address)
         try:
@@ -331,13 +358,22 @@ class AdminFront:
         )
         return Response.json(answer)
 
-    async def _sql(self, address: str, body: bytes) -> Response:
+    async def _sql(self, address: str, body: bytes, forward: bool) -> Response:
         wanted: dict[str, tuple[type, Any]] = {"sql": (str, None), "params": (list, [])}
         sql, params = _fields(body, wanted, '{"sql": "SELECT ...", "params": [...]}')
-        return Response.json(await self.sql(address, sql, params))
+        return Response.json(await self.sql(address, sql, params, forward))
 
-    async def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]:
-        """One read-only statement on an actor's database: its columns and rows."""
+    async def sql(
+        self, address: str, sql: str, params: list[Any], forward: bool = True
+    ) -> dict[str, Any]:
+        """One read-only statement on an actor's database: its columns and rows (in a
+        cluster, on the copy of the host that holds it; ``forward``: ask that host)."""
+        if self.cluster is not None and forward:
+            where = await self.cluster.where(address)
+            if not where["here"] and where["owner_admin"]:
+                return await self._from_owner(
+                    address, where, lambda owner: owner.sql(address, sql, params)
+                )
         return await trio.to_thread.run_sync(
             inspect.query, self.actors_root, address, sql, params, limiter=_READERS
         )

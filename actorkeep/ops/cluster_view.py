@@ -5,14 +5,17 @@ PostgreSQL on connections of their own, in a thread (docs/operations.md)."""
 from __future__ import annotations
 
 import collections
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import structlog
 import trio
 
 from .inspect import InspectError
 
 _READERS = trio.CapacityLimiter(2)
+log = structlog.get_logger("actorkeep")
 
 
 class ClusterSource(Protocol):
@@ -30,13 +33,21 @@ class ClusterSource(Protocol):
 
     def addresses(self, low: str, high: str | None, after: str | None, limit: int) -> list[str]: ...
 
+    def announce(self, url: str) -> None: ...
+
+    def alarms(
+        self, until: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[str, float]]: ...
+
 
 class ClusterView:
-    """The cluster of ``store``; ``held``: the partitions this host serves now."""
+    """The cluster of ``store``; ``held``: the partitions this host serves now;
+    ``advertise``: the internal address the other hosts reach this one at."""
 
-    def __init__(self, store: ClusterSource, held: Callable[[], int]) -> None:
+    def __init__(self, store: ClusterSource, held: Callable[[], int], advertise: str = "") -> None:
         self.store = store
         self.held = held
+        self.advertise = advertise
 
     async def overview(self) -> dict[str, Any]:
         """The hosts, each with the partitions it holds, and every partition's lease."""
@@ -60,14 +71,36 @@ class ClusterView:
         lease = view["leases"][partition]
         live = lease["owner"] is not None and (lease["expires_in"] or 0) > 0
         owner = lease["owner"] if live else None
-        addresses = {h["host_id"]: h["address"] for h in view["hosts"]}
+        hosts = {h["host_id"]: h for h in view["hosts"]}
+        found = hosts.get(owner) if owner else None
         return {
             "partition": partition,
             "owner": owner,
-            "owner_address": addresses.get(owner) if owner else None,
+            "owner_address": found["address"] if found else None,
+            "owner_admin": found["admin"] if found else None,
             "epoch": lease["epoch"],
             "here": owner == view["host_id"],
         }
+
+    async def announce(self, url: str) -> None:
+        """Tell the other hosts where this host's admin API is: ``url``, as bound, with the
+        host of the advertised internal address if it was bound to every interface."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.hostname in ("0.0.0.0", "::"):
+            host = self.advertise.rpartition(":")[0] or "127.0.0.1"
+            url = f"http://{host}:{parts.port}"
+        try:
+            await trio.to_thread.run_sync(self.store.announce, url, limiter=_READERS)
+        except Exception as exc:  # the others then say which host to ask instead
+            log.warning("could not tell the cluster where the admin API is", error=repr(exc))
+
+    async def alarms(
+        self, until: float, after: tuple[float, str] | None, limit: int
+    ) -> list[tuple[str, float]]:
+        """The cluster's pending alarms due by ``until``, soonest first."""
+        return await trio.to_thread.run_sync(
+            self.store.alarms, until, after, limit, limiter=_READERS
+        )
 
     async def known(self, address: str) -> bool:
         """Whether ``address`` has durable state anywhere in the cluster."""

@@ -35,11 +35,13 @@ class Admin(Protocol):
 
     async def actors(self, query: dict[str, str]) -> dict[str, Any]: ...
 
-    def alarms(self, query: dict[str, str]) -> dict[str, Any]: ...
+    async def alarms(self, query: dict[str, str]) -> dict[str, Any]: ...
 
-    async def show(self, address: str) -> dict[str, Any]: ...
+    async def show(self, address: str, forward: bool = True) -> dict[str, Any]: ...
 
-    async def sql(self, address: str, sql: str, params: list[Any]) -> dict[str, Any]: ...
+    async def sql(
+        self, address: str, sql: str, params: list[Any], forward: bool = True
+    ) -> dict[str, Any]: ...
 
 
 COOKIE = "actorkeep_admin"
@@ -74,7 +76,7 @@ class Dashboard:
             if path.startswith("/actors/"):
                 return await self.actor(path[len("/actors/") :], query)
             if path == "/alarms":
-                return self.alarms(query)
+                return await self.alarms(query)
             if path == "/queues":
                 return await self.queue_pages.queues()
             if path.startswith("/queues/"):
@@ -246,8 +248,8 @@ class Dashboard:
         )
         return pages.page(address, "/actors", body)
 
-    def alarms(self, query: dict[str, str]) -> Response:
-        answer = self.front.alarms(query)
+    async def alarms(self, query: dict[str, str]) -> Response:
+        answer = await self.front.alarms(query)
         now = answer["now"]
         rows = [
             (

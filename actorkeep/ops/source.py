@@ -208,10 +208,14 @@ _QUEUE_WRITES = (
 )
 
 
+#: The header of an admin request one host of a cluster passes on to another.
+FORWARDED = "x-actorkeep-forwarded"
+
+
 class Online:
     """A running host, through its admin API at ``url`` (``http://HOST:PORT``)."""
 
-    def __init__(self, url: str, token: str | None) -> None:
+    def __init__(self, url: str, token: str | None, forwarded: bool = False) -> None:
         parsed = urllib.parse.urlsplit(url)
         try:
             port = parsed.port or 80
@@ -223,6 +227,8 @@ class Online:
         self._host = parsed.hostname
         self._port = port
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        if forwarded:  # by another host of the cluster: the host asked answers itself
+            self._headers[FORWARDED] = "1"
 
     def _ask(
         self,

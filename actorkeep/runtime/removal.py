@@ -56,8 +56,8 @@ class Remover:
     async def remove(self, address: str, known: bool = False) -> int:
         """Delete the actor at ``address``: its alarm, its registry and quarantine entries,
         its database (``known``: it exists, whatever this host knows of it). How many bytes
-        its files held. ``RemoteError``: 400 for a bad address,
-        404 for an actor that does not exist, 409 while it is busy or served elsewhere."""
+        its files held. ``RemoteError``: 400 for a bad address, 404 for an actor that does
+        not exist, 409 while it is busy or served elsewhere."""
         try:
             class_name, name = split_address(address)
         except ValueError as exc:
