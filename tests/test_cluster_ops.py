@@ -82,6 +82,10 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
         assert (status, value) == (200, 1)  # a new counter: the old one's 1 is gone
         status, value = first_answer([a, b], "/counter/c2/_rpc/incr_durable", 10, {"by": 1})
         assert (status, value) == (200, 2)  # the others are untouched
+        # A backup through any host is the whole cluster, as PostgreSQL holds it.
+        copy = tmp_path / "backup"
+        made = cli_json("backup", str(copy), "--admin", urls[1])
+        assert (made["actors"], made["failed"]) == (COUNTERS - 1, [])  # c1 is gone
         # Each host's metrics say how many partitions it holds.
         held = []
         for url in urls:
@@ -95,6 +99,8 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             page_html = http_request(port, "GET", "/cluster").body.decode()
             assert all(h in page_html for h in (views[0]["host_id"], views[1]["host_id"]))
         assert sum(held) == 16 and len(held) == 2
+    with serve(COUNTER_APP, copy) as restored:  # served by one host
+        assert [restored.count(f"counter/c{i}") for i in (0, 2, 3)] == [1, 2, 1]
 
 
 def test_the_cluster_s_alarms_are_listed_soonest_first_a_page_at_a_time(

@@ -8,6 +8,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .frames import LogFormatError, LogReader, apply, decode, encode, squash
 from .records import Store, Write
@@ -101,7 +102,13 @@ class Held:
     known: bool
 
 
-def held(store: Store, address: str) -> Held:
+class Loads(Protocol):
+    """What a restore reads (``Store.load``)."""
+
+    def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]: ...
+
+
+def held(store: Loads, address: str) -> Held:
     """What the cluster holds of the actor at ``address`` (one snapshot of the store)."""
     seq, image, batches = store.load(address)
     known = bool(image or batches)

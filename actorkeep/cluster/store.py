@@ -181,6 +181,23 @@ def connect(conninfo: str) -> psycopg.Connection[Any]:
     return psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **extra), autocommit=True)
 
 
+def load_actor(
+    conn: psycopg.Connection[Any], address: str
+) -> tuple[int, bytes, list[tuple[int, bytes]]]:
+    """``ClusterStore.load`` on ``conn``: the image and the frames after it, one snapshot."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        row = conn.execute(
+            "SELECT seq, image FROM actorkeep_images WHERE address = %s", (address,)
+        ).fetchone()
+        seq, image = (0, b"") if row is None else (int(row[0]), bytes(row[1]))
+        rows = conn.execute(
+            "SELECT seq, data FROM actorkeep_frames WHERE address = %s AND seq > %s ORDER BY seq",
+            (address, seq),
+        ).fetchall()
+    return seq, image, [(int(n), bytes(data)) for n, data in rows]
+
+
 def create(conninfo: str, partitions: int) -> None:
     """Create the cluster's tables and one lease row per partition, if not there already;
     ``ClusterMismatch`` if the cluster exists with another partition count."""
@@ -376,13 +393,7 @@ class ClusterStore:
         """What the cluster holds of an actor: ``(seq, image, [(seq, frames), ...])``, the
         image (empty if none) and the frames committed after it, in order; read in one
         snapshot, so a compaction running meanwhile is seen whole or not at all."""
-        with self._conn.transaction():
-            self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            row = self._conn.execute(
-                "SELECT seq, image FROM actorkeep_images WHERE address = %s", (address,)
-            ).fetchone()
-            seq, image = (0, b"") if row is None else (int(row[0]), bytes(row[1]))
-            return seq, image, self.frames(address, after=seq)
+        return load_actor(self._conn, address)
 
     @_locked
     def compact(self, partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from .partitions import partition_of
-from .store import connect
+from .replica import held
+from .store import connect, load_actor
 
 
 class StoreView:
@@ -78,6 +79,16 @@ class StoreView:
         with connect(self.conninfo) as conn:
             rows = conn.execute(query, [*params, limit]).fetchall()
         return [(a, float(at)) for a, at in rows]
+
+    def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:
+        """What the cluster holds of an actor (``ClusterStore.load``), in one snapshot."""
+        with connect(self.conninfo) as conn:
+            return load_actor(conn, address)
+
+    def image(self, address: str) -> bytes:
+        """The actor's database file as the cluster holds it (empty: it holds nothing of
+        it): its image with its batches laid over it."""
+        return held(self, address).image
 
     def known(self, address: str) -> bool:
         """Whether the actor at ``address`` has durable state in the cluster."""

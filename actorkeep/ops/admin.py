@@ -353,6 +353,8 @@ class AdminFront:
     async def _backup(self, body: bytes) -> Response:
         (dest_text,) = _fields(body, {"dest": (str, None)}, '{"dest": "/absolute/path"}')
         dest = backup.check_destination(Path(dest_text))
+        if self.cluster is not None:  # the whole cluster, as PostgreSQL holds it
+            return Response.json(await self.cluster.backup(dest))
         answer = await trio.to_thread.run_sync(
             backup.backup, self.actors_root.parent, dest, limiter=_READERS
         )

@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..address import CLASS_NAME_RE
+from ..address import CLASS_NAME_RE, actor_path, split_address
 from .inspect import InspectError, read
 
 
@@ -61,10 +62,45 @@ def backup(data: Path, dest: Path) -> dict[str, Any]:
             continue
         copied += 1
         size += target.stat().st_size
-    # Every directory that now names a new entry: the new ones, and the one above each.
+    _sync_dirs(made)
+    return {"dest": str(dest), "actors": copied, "bytes": size, "failed": failed}
+
+
+def backup_cluster(
+    addresses: Iterable[str], image: Callable[[str], bytes], dest: Path
+) -> dict[str, Any]:
+    """Write the database of every actor of ``addresses`` as the cluster's store holds it
+    (``image(address)``: its durable state, one snapshot each) under ``dest``, laid out as a
+    data directory; the same answer as ``backup``."""
+    check_destination(dest)
+    made = _make_dirs(dest / "host")
+    copied, size, failed = 0, 0, []
+    for address in addresses:
+        class_name, name = split_address(address)
+        target = actor_path(dest / "actors", class_name, name)
+        part = target.with_name(target.name + ".part")
+        try:
+            data = image(address)
+            if not data:
+                continue  # deleted since it was listed
+            made |= _make_dirs(target.parent)
+            part.write_bytes(data)
+            _fsync(part)
+            part.replace(target)
+        except Exception as exc:  # the store, the disk, or what the store holds of it
+            part.unlink(missing_ok=True)
+            failed.append({"file": address, "error": repr(exc)})
+            continue
+        copied += 1
+        size += len(data)
+    _sync_dirs(made)
+    return {"dest": str(dest), "actors": copied, "bytes": size, "failed": failed}
+
+
+def _sync_dirs(made: set[Path]) -> None:
+    """Every directory that now names a new entry: the new ones, and the one above each."""
     for d in sorted(made | {p.parent for p in made}, key=lambda p: -len(p.parts)):
         _fsync(d)
-    return {"dest": str(dest), "actors": copied, "bytes": size, "failed": failed}
 
 
 def _copy(source: sqlite3.Connection, to: Path) -> None:

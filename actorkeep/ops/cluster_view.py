@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import collections
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 import trio
 
+from .backup import backup_cluster
 from .inspect import InspectError
 
 _READERS = trio.CapacityLimiter(2)
@@ -34,6 +36,8 @@ class ClusterSource(Protocol):
     def addresses(self, low: str, high: str | None, after: str | None, limit: int) -> list[str]: ...
 
     def announce(self, url: str) -> None: ...
+
+    def image(self, address: str) -> bytes: ...
 
     def alarms(
         self, until: float, after: tuple[float, str] | None, limit: int
@@ -93,6 +97,20 @@ class ClusterView:
             await trio.to_thread.run_sync(self.store.announce, url, limiter=_READERS)
         except Exception as exc:  # the others then say which host to ask instead
             log.warning("could not tell the cluster where the admin API is", error=repr(exc))
+
+    async def backup(self, dest: Path) -> dict[str, Any]:
+        """Every actor of the cluster, as PostgreSQL holds it, written under ``dest`` as a data
+        directory that ``serve --data`` serves (one host)."""
+
+        def every() -> Iterator[str]:
+            after = None
+            while page := self.store.addresses("", None, after, 1000):
+                yield from page
+                after = page[-1]
+
+        return await trio.to_thread.run_sync(
+            backup_cluster, every(), self.store.image, dest, limiter=_READERS
+        )
 
     async def alarms(
         self, until: float, after: tuple[float, str] | None, limit: int
