@@ -197,6 +197,23 @@ def test_a_real_prometheus_scrapes_the_admin_listener(tmp_path: Path) -> None:
                     got = reply.json()["data"]["result"]
             assert got, (tmp_path / "prometheus.log").read_text()[-2000:]
             assert got[0]["metric"]["kind"] == "rpc" and float(got[0]["value"][1]) == 5
+            # The sync threads time each fsync (the new actor's file was synced before it was
+            # registered); the inbox and the refusals are there, at nothing.
+            port = int(target.rpartition(":")[2])
+            text = http_request(port, "GET", "/metrics").body.decode()
+            direct = {
+                s.name: s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            assert direct["actorkeep_sync_seconds_count"] >= 1
+            assert direct["actorkeep_sync_seconds_sum"] > 0
+            assert direct["actorkeep_inbox_events"] == 0
+            assert (
+                direct["actorkeep_inbox_full_total"]
+                == direct["actorkeep_inflight_refused_total"]
+                == 0
+            )
         finally:
             prom.terminate()
             prom.wait(timeout=20)

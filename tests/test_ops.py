@@ -95,6 +95,22 @@ def test_the_commands_read_a_running_host_and_then_its_directory(tmp_path: Path)
     assert cli_json("sql", "ledger/b", "SELECT n FROM c", "--data", str(data)) == rows
     human = cli("show", "alarmer/x", "--data", str(data))
     assert human.returncode == 0 and "alarm " in human.stdout and "fired" in human.stdout
+    # Tables for people, by default.
+    table = cli("ls", "--data", str(data)).stdout.splitlines()
+    assert table[0].split() == ["ADDRESS", "CREATED", "IN", "MEMORY", "QUARANTINED"]
+    assert [line.split()[0] for line in table[1:]] == [
+        "alarmer/x",
+        "ledger/a",
+        "ledger/b",
+        "ledger/c",
+    ]
+    assert cli("sql", "ledger/b", "SELECT n FROM c", "--data", str(data)).stdout.split() == [
+        "n",
+        "2",
+    ]
+    pending = cli("alarms", "--data", str(data)).stdout.splitlines()
+    assert pending[0].split() == ["AT", "DUE", "ADDRESS"]
+    assert pending[1].split()[1:] == ["alarmer/x"]  # not due: its DUE column is blank
 
 
 def test_the_admin_listener_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
@@ -327,8 +343,8 @@ def test_rm_deletes_an_actor_and_its_alarm_from_a_running_host_or_its_directory(
         assert server.stop(signal.SIGTERM) == 0
     finally:
         server.close()
-    gone = cli_json("rm", "ledger/b", "--data", str(data))
-    assert gone["deleted"] == "ledger/b" and gone["bytes"] > 0
+    gone_h = cli("rm", "ledger/b", "--data", str(data))
+    assert gone_h.returncode == 0 and gone_h.stdout.startswith("deleted ledger/b (")
     assert not inspect.database_path(data / "actors", "ledger/b").exists()
     missing = cli("rm", "ledger/nobody", "--data", str(data))
     assert missing.returncode == 1 and "no such actor" in missing.stderr
