@@ -96,6 +96,8 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
                     held.append(family.samples[0].value)
             assert cli_json("alarms", "--admin", url)["alarms"] == []  # from PostgreSQL's index
             assert http_request(port, "GET", "/alarms").status == 200
+            actor_page = http_request(port, "GET", "/actors/counter/c2")  # held here or not
+            assert actor_page.status == 200 and b"actorkeep_actor" in actor_page.body
             page_html = http_request(port, "GET", "/cluster").body.decode()
             assert all(h in page_html for h in (views[0]["host_id"], views[1]["host_id"]))
         assert sum(held) == 16 and len(held) == 2
