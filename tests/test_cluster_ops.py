@@ -135,3 +135,33 @@ def test_the_cluster_s_alarms_are_listed_soonest_first_a_page_at_a_time(
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         rows = conn.execute("SELECT host_id, url FROM actorkeep_admin").fetchall()
     assert rows == [("me", "http://10.0.0.9:8082")]
+
+
+@pytest.mark.parametrize(
+    ("bound", "advertise", "recorded"),
+    [
+        ("http://0.0.0.0:8081", "10.0.0.5:7001", ["http://10.0.0.5:8081"]),
+        ("http://[::]:8081", "[fd00::5]:7001", ["http://[fd00::5]:8081"]),
+        ("http://10.0.0.5:8081", "10.0.0.5:7001", ["http://10.0.0.5:8081"]),
+        ("http://127.0.0.1:8081", "127.0.0.1:7001", ["http://127.0.0.1:8081"]),
+        ("http://127.0.0.1:8081", "10.0.0.5:7001", []),  # the other machines cannot reach it
+    ],
+)
+def test_a_host_records_an_admin_url_the_others_can_reach(
+    bound: str, advertise: str, recorded: list[str]
+) -> None:
+    import trio
+
+    from actorkeep.ops.cluster_view import ClusterView
+
+    class Store:
+        host_id, partitions = "h", 4
+        urls: list[str] = []
+
+        def announce(self, url: str) -> None:
+            self.urls.append(url)
+
+    store = Store()
+    store.urls = []
+    trio.run(ClusterView(store, lambda: 0, advertise).announce, bound)  # type: ignore[arg-type]
+    assert store.urls == recorded

@@ -12,7 +12,6 @@ one).
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from ..http import Response, error_response, parse_query
 from ..runtime.budget import ByteBudget
 from ..runtime.host import Host
 from . import backup, inspect
-from .cluster_view import ClusterView
+from .cluster_view import ClusterView, is_loopback
 from .dashboard import COOKIE, Dashboard
 from .inspect import InspectError
 from .metrics import CONTENT_TYPE, HostMetrics
@@ -47,16 +46,6 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address to bind) is a loopback address or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ PostgreSQL on connections of their own, in a thread (docs/operations.md)."""
 from __future__ import annotations
 
 import collections
+import ipaddress
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,11 +89,15 @@ class ClusterView:
 
     async def announce(self, url: str) -> None:
         """Tell the other hosts where this host's admin API is: ``url``, as bound, with the
-        host of the advertised internal address if it was bound to every interface."""
+        host of the advertised internal address if it was bound to every interface; nothing
+        if it is bound to loopback and the other hosts are elsewhere."""
         parts = urllib.parse.urlsplit(url)
+        advertised = self.advertise.rpartition(":")[0].strip("[]") or "127.0.0.1"
         if parts.hostname in ("0.0.0.0", "::"):
-            host = self.advertise.rpartition(":")[0] or "127.0.0.1"
-            url = f"http://{host}:{parts.port}"
+            named = f"[{advertised}]" if ":" in advertised else advertised
+            url = f"http://{named}:{parts.port}"
+        elif is_loopback(parts.hostname or "") and not is_loopback(advertised):
+            return  # the other machines cannot reach it: they name this host instead
         try:
             await trio.to_thread.run_sync(self.store.announce, url, limiter=_READERS)
         except Exception as exc:  # the others then say which host to ask instead
@@ -130,6 +135,16 @@ class ClusterView:
         return await trio.to_thread.run_sync(
             self.store.addresses, prefix, high, after, limit, limiter=_READERS
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _after_prefix(prefix: str) -> str | None:
