@@ -4,6 +4,7 @@ state in the cluster; each host's metrics say what it holds."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from actorkeep.cluster.partitions import partition_of
 from tests.test_cluster_process import TTL, cluster_args, first_answer
 from tests.test_ops import admin_url, cli, cli_json
 from tests.test_process import COUNTER_APP, http_request, serve
@@ -18,6 +20,7 @@ from tests.test_process import COUNTER_APP, http_request, serve
 pytestmark = pytest.mark.slow
 
 COUNTERS = 12
+FORWARD = {"x-actorkeep-forwarded": "1"}
 
 
 def host_of(server_log: str) -> str:
@@ -37,6 +40,7 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             status, _ = first_answer([a, b], f"/counter/c{i}/_rpc/incr_durable", 10, {"by": 1})
             assert status == 200
         urls = [admin_url(tmp_path / "a"), admin_url(tmp_path / "b")]
+        ports = [int(u.rpartition(":")[2]) for u in urls]
         views = [cli_json("cluster", "--admin", url) for url in urls]
         internal = {host_of(x.wait_for_line("actorkeep serving")) for x in (a, b)}
         for view in views:
@@ -67,6 +71,21 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             assert answers[0]["tables"] == answers[1]["tables"]
             rows = [cli_json("sql", address, "SELECT n FROM c", "--admin", u) for u in urls]
             assert [r["rows"] for r in rows] == [[[1]], [[1]]]
+        # Two hosts passing requests on to each other at once: neither waits for the other.
+        owner_of = {
+            f"counter/c{i}": views[0]["leases"][partition_of(f"counter/c{i}", 16)]["owner"]
+            for i in range(COUNTERS)
+        }
+        crossed = [  # for each host, an actor the other holds
+            next(a for a, o in owner_of.items() if o != views[k]["host_id"]) for k in (0, 1)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            started = time.monotonic()
+            shows = list(pool.map(lambda i: cli("show", crossed[i], "--admin", urls[i]), (0, 1)))
+        assert [x.returncode for x in shows] == [0, 0] and time.monotonic() - started < 10
+        # A request passed on by another host is not passed on again: the owner answers.
+        again = http_request(ports[0], "GET", f"/api/actors/{crossed[0]}", headers=FORWARD)
+        assert again.status == 404 and b"ask that host's admin API" in again.body
         # rm through either host: the owner deletes all the cluster holds of the actor (its
         # state in PostgreSQL and its working copy); the other passes it on.
         gone = cli_json("rm", "counter/c0", "--admin", urls[0])
@@ -101,6 +120,10 @@ def test_any_host_shows_the_cluster(pg_conninfo: str, tmp_path: Path) -> None:
             page_html = http_request(port, "GET", "/cluster").body.decode()
             assert all(h in page_html for h in (views[0]["host_id"], views[1]["host_id"]))
         assert sum(held) == 16 and len(held) == 2
+    # On a stopped cluster host's directory the commands write nothing: the actors are in
+    # PostgreSQL, the files there are working copies.
+    refused = cli("rm", "counter/c2", "--data", str(tmp_path / "a"))
+    assert refused.returncode == 1 and "cluster host's working copies" in refused.stderr
     with serve(COUNTER_APP, copy) as restored:  # served by one host
         assert [restored.count(f"counter/c{i}") for i in (0, 2, 3)] == [1, 2, 1]
 

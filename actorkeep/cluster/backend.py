@@ -427,11 +427,17 @@ class ClusterStorage:
             await self.in_thread(lambda: self.store.forget_actor(partition, epoch, address))
         except (NotServedHere, Fenced):
             raise RemoteError(409, "NotHere", f"{address} is not served by this host now") from None
-        except (psycopg.Error, StoreError) as exc:  # it may or may not be gone: rm again
+        except (psycopg.Error, StoreError) as exc:
+            # It may or may not be gone: the next open restores it from the store, whatever
+            # the store holds now (its local file may be all that is left of a deleted one).
+            self._forget_actor(address)
             raise StoreUnreachable(address) from exc
+        self._forget_actor(address)
+        return await self.files.remove_actor(class_name, name)
+
+    def _forget_actor(self, address: str) -> None:
         for known in (self._restored, self._loaded, self._batches):
             known.pop(address, None)
-        return await self.files.remove_actor(class_name, name)
 
     def open_host_db(self) -> FileDatabase:
         return self.files.open_host_db()

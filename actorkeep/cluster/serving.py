@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import trio
 
+from ..runtime.dirlock import CLUSTER_MARK
 from ..runtime.router import Target
 from .backend import ClusterStorage
 from .keeper import LeaseKeeper, LeaseSettings
@@ -126,6 +127,9 @@ async def open_cluster_node(data: Path, options: ClusterOptions) -> ClusterNode:
         for listener in listeners:
             await listener.aclose()
         raise
+    # Its actors' files are working copies now: the commands never write them offline.
+    (data / "host").mkdir(parents=True, exist_ok=True)
+    (data / "host" / CLUSTER_MARK).write_text("a host of a cluster served this directory\n")
     if options.advertise is not None:
         advertise = options.advertise
     else:

@@ -60,6 +60,14 @@ class StoreView:
                 "ON CONFLICT (host_id) DO UPDATE SET url = excluded.url",
                 (self.host_id, url),
             )
+            # Each start is a new host: forget those that are gone (left, or not seen for
+            # an hour).
+            conn.execute(
+                "DELETE FROM actorkeep_admin a WHERE NOT EXISTS (SELECT 1 FROM actorkeep_hosts h "
+                "WHERE h.host_id = a.host_id AND h.seen_at > clock_timestamp() - interval '1 hour')"
+                " AND a.host_id <> %s",
+                (self.host_id,),
+            )
 
     def alarms(
         self, until: float, after: tuple[float, str] | None, limit: int

@@ -39,6 +39,9 @@ from .source import FORWARDED, TOKEN_ENV, Online, SourceError
 #: Reads of actors' databases run in threads, one at a time, so that a slow one never
 #: holds the host's event loop.
 _READERS = trio.CapacityLimiter(1)
+#: Requests passed on to another host of the cluster wait in threads of their own: never in a
+#: reader's place (two hosts asking each other at once would each wait for the other).
+_FORWARDS = trio.CapacityLimiter(8)
 
 
 def _host_name(host: str) -> str:
@@ -294,27 +297,38 @@ class AdminFront:
         url = where["owner_admin"]
         try:
             owner = Online(url, self._token_text, forwarded=True)
-            return await trio.to_thread.run_sync(lambda: ask(owner), limiter=_READERS)
+            return await trio.to_thread.run_sync(lambda: ask(owner), limiter=_FORWARDS)
         except SourceError as exc:
             message = f"{_elsewhere(address, where)}: it did not answer at {url} ({exc})"
             raise InspectError(message, 503) from None
+        except InspectError as exc:
+            if exc.status != 401:
+                raise  # the owner's answer, with its status
+            message = f"{_elsewhere(address, where)}: it refused this host's admin token"
+            raise InspectError(f"{message} (give the hosts one --admin-token)", 503) from None
+
+    async def _where(self, address: str, forward: bool) -> dict[str, Any] | None:
+        """Where ``address`` lives (None on a single host); ``InspectError`` naming the owner
+        if this host does not hold it and may not (``forward``) or cannot ask the owner: its
+        own copy, if it has one, is not the current one."""
+        if self.cluster is None:
+            return None
+        where = await self.cluster.where(address)
+        if not where["here"] and not (forward and where["owner_admin"]):
+            raise InspectError(_elsewhere(address, where), 404)
+        return where
 
     async def show(self, address: str, forward: bool = True) -> dict[str, Any]:
         """One actor: its file, tables with row counts, its alarm; in a cluster, where it
         lives, as the host that holds it answers (``forward``: ask that host)."""
-        where = None if self.cluster is None else await self.cluster.where(address)
-        if where is not None and not where["here"] and forward and where["owner_admin"]:
+        where = await self._where(address, forward)
+        if where is not None and not where["here"]:
             about = await self._from_owner(address, where, lambda owner: owner.show(address))
             about["cluster"] = {**where, "here": False}  # the owner's answer, asked here
             return about
-        try:
-            about = await trio.to_thread.run_sync(
-                inspect.describe_actor, self.actors_root, address, limiter=_READERS
-            )
-        except InspectError as exc:
-            if where is None or exc.status != 404 or where["here"]:
-                raise
-            raise InspectError(_elsewhere(address, where), 404) from None
+        about = await trio.to_thread.run_sync(
+            inspect.describe_actor, self.actors_root, address, limiter=_READERS
+        )
         about["cluster"] = where
         about["active"] = address in self.host.activations
         about["quarantined"] = self.host.quarantined.get(address)
@@ -343,6 +357,7 @@ class AdminFront:
         (dest_text,) = _fields(body, {"dest": (str, None)}, '{"dest": "/absolute/path"}')
         dest = backup.check_destination(Path(dest_text))
         if self.cluster is not None:  # the whole cluster, as PostgreSQL holds it
+            backup.check_outside(dest, self.actors_root.parent)
             return Response.json(await self.cluster.backup(dest))
         answer = await trio.to_thread.run_sync(
             backup.backup, self.actors_root.parent, dest, limiter=_READERS
@@ -359,12 +374,11 @@ class AdminFront:
     ) -> dict[str, Any]:
         """One read-only statement on an actor's database: its columns and rows (in a
         cluster, on the copy of the host that holds it; ``forward``: ask that host)."""
-        if self.cluster is not None and forward:
-            where = await self.cluster.where(address)
-            if not where["here"] and where["owner_admin"]:
-                return await self._from_owner(
-                    address, where, lambda owner: owner.sql(address, sql, params)
-                )
+        where = await self._where(address, forward)
+        if where is not None and not where["here"]:
+            return await self._from_owner(
+                address, where, lambda owner: owner.sql(address, sql, params)
+            )
         return await trio.to_thread.run_sync(
             inspect.query, self.actors_root, address, sql, params, limiter=_READERS
         )

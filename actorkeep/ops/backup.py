@@ -39,12 +39,17 @@ def check_destination(dest: Path) -> Path:
     return dest
 
 
+def check_outside(dest: Path, data: Path) -> None:
+    """``InspectError`` if ``dest`` is inside the data directory ``data``."""
+    if dest.resolve().is_relative_to(data.resolve()):
+        raise InspectError(f"the backup's destination {dest} is inside the data directory")
+
+
 def backup(data: Path, dest: Path) -> dict[str, Any]:
     """Copy every actor database under ``data`` to ``dest`` (checked by
     ``check_destination``); ``{"dest", "actors", "bytes", "failed": [{"file", "error"}]}``."""
     check_destination(dest)
-    if dest.resolve().is_relative_to(data.resolve()):
-        raise InspectError(f"the backup's destination {dest} is inside the data directory")
+    check_outside(dest, data)
     made = _make_dirs(dest / "host")
     actors_root = data / "actors"
     copied, size, failed = 0, 0, []

@@ -24,6 +24,7 @@ import trio
 from .. import codec
 from ..app import App
 from ..runtime.alarm_index import LocalAlarmIndex
+from ..runtime.dirlock import CLUSTER_MARK
 from ..runtime.files import delete_database
 from ..runtime.host import Host
 from ..runtime.hostdb import HostDb
@@ -90,6 +91,9 @@ class Offline:
         self.host_db = host_db
         self._release = release
         self._app = app
+        #: A cluster host's directory: its files are working copies, what counts is in
+        #: PostgreSQL, so nothing here is written.
+        self.of_cluster = (data / "host" / CLUSTER_MARK).exists()
         self.actors_root = data / "actors"
         self.registry = Registry(host_db)
         self.alarm_index = LocalAlarmIndex(host_db)
@@ -129,6 +133,7 @@ class Offline:
         actor's next event or alarm takes as its own (run ``rm`` once more), never a
         registered actor without its file, a damaged file out of quarantine, nor an alarm
         nothing wakes."""
+        self._not_of_cluster("rm")
         path = inspect.database_path(self.actors_root, address)
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
         known = self.registry.has(address) or address in self.registry.quarantined()
@@ -145,6 +150,14 @@ class Offline:
         self.alarm_index.remove(address)
         trio.run(self.host_db.sync)
         return {"deleted": address, "bytes": freed}
+
+    def _not_of_cluster(self, what: str) -> None:
+        if self.of_cluster:
+            raise SourceError(
+                f"{what} is refused here: this directory holds a cluster host's working "
+                "copies, and the actors are in PostgreSQL; ask a running host of the cluster "
+                "(--admin URL)"
+            )
 
     def backup(self, dest: Path) -> dict[str, Any]:
         return backup(self.data, dest)
@@ -172,6 +185,7 @@ class Offline:
     ) -> dict[str, Any]:
         """Run ``change`` as the operator of a host of the app, opened on the directory for
         as long as it takes: one of the queue's own events, as on a running host."""
+        self._not_of_cluster("a queue write")
         if self._app is None:
             raise SourceError(_QUEUE_WRITES)
         app = self._app()
@@ -247,8 +261,8 @@ class Online:
             conn.request(method, target, data, headers)
             resp = conn.getresponse()
             raw = resp.read()
-        except OSError as exc:
-            raise SourceError(f"cannot reach the admin API at {self.url}: {exc}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise SourceError(f"cannot reach the admin API at {self.url}: {exc!r}") from None
         finally:
             conn.close()
         try:

@@ -1,12 +1,16 @@
 """The data directory's lock: while a host has the directory open, ``<root>/host/lock`` holds
 an exclusive ``flock``, so that two hosts never run the same actors (and fire the same alarms)
-from one directory."""
+from one directory. ``<root>/host/cluster`` marks the directory of a cluster's host, whose
+actor files are working copies (the operations commands do not write them)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 from pathlib import Path
+
+#: The file that marks a cluster host's data directory (under ``host/``).
+CLUSTER_MARK = "cluster"
 
 
 class DataDirInUse(OSError):
