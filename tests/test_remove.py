@@ -113,24 +113,40 @@ async def test_remove_refuses_a_busy_actor_and_what_does_not_exist(
         assert not (tmp_path / "actors" / "nothing").exists()
 
 
-class SlowRemoval(FileStorage):
-    """Holds each deletion until ``go`` is set."""
+class HeldRemoval(FileStorage):
+    """Each deletion starts (``started``), waits for ``go``, then deletes; with ``fail`` it
+    raises instead, having deleted the files first with ``after_delete``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, fail: bool = False, after_delete: bool = False) -> None:
         super().__init__(root, in_thread=False)
-        self.go = trio.Event()
         self.started = trio.Event()
+        self.go = trio.Event()
+        self.fail = fail
+        self.after_delete = after_delete
 
     async def remove_actor(self, class_name: str, name: str) -> int:
         self.started.set()
         await self.go.wait()
-        return await super().remove_actor(class_name, name)
+        if not self.fail:
+            return await super().remove_actor(class_name, name)
+        if self.after_delete:
+            await super().remove_actor(class_name, name)
+        raise OSError(5, "Input/output error")
+
+
+async def damaged_actor(data: Path) -> None:
+    """``doc/a`` with an alarm, and then its file emptied: damage its next open finds."""
+    async with open_host(app, data_dir=data) as host:
+        await rpc(host, "doc/a", "fill")
+        await trio.sleep(1)
+    for f in files_of(data, "doc/a"):
+        f.write_bytes(b"")
 
 
 async def test_events_for_an_actor_being_deleted_are_refused_with_503(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    storage = SlowRemoval(tmp_path)
+    storage = HeldRemoval(tmp_path)
     async with open_host(app, storage=storage) as host, trio.open_nursery() as nursery:
         await rpc(host, "doc/a", "fill")
         await trio.sleep(1)
@@ -152,11 +168,7 @@ async def test_a_quarantined_actor_is_removed_and_starts_afresh(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """``rm`` is the way out for an actor whose storage is damaged beyond repair."""
-    async with open_host(app, data_dir=tmp_path) as host:
-        await rpc(host, "doc/a", "fill")
-        await trio.sleep(1)
-    for f in files_of(tmp_path, "doc/a"):
-        f.write_bytes(b"")  # the file emptied: damage
+    await damaged_actor(tmp_path)
     async with open_host(app, data_dir=tmp_path) as host:
         damaged = await host.request("POST", "/doc/a/_rpc/rows", json={})
         assert damaged.status == 503 and "doc/a" in host.host.quarantined
@@ -178,30 +190,11 @@ async def test_remove_on_the_simulator_s_storage(autojump_clock: trio.testing.Mo
         assert await rpc(host, "doc/a", "rows") == 0
 
 
-class FailingRemoval(FileStorage):
-    """Deletions fail (after deleting the files, with ``after_delete``) while ``fail`` is set,
-    once ``go`` is set."""
-
-    def __init__(self, root: Path, after_delete: bool = False) -> None:
-        super().__init__(root, in_thread=False)
-        self.fail = True
-        self.after_delete = after_delete
-        self.go = trio.Event()
-
-    async def remove_actor(self, class_name: str, name: str) -> int:
-        await self.go.wait()
-        if not self.fail:
-            return await super().remove_actor(class_name, name)
-        if self.after_delete:
-            await super().remove_actor(class_name, name)
-        raise OSError(5, "Input/output error")
-
-
 async def test_a_failed_remove_loses_nothing_and_its_alarm_still_fires(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     fired.clear()
-    storage = FailingRemoval(tmp_path)
+    storage = HeldRemoval(tmp_path, fail=True)
     async with open_host(app, storage=storage) as host:
         await rpc(host, "doc/a", "fill")  # an alarm 60 s on
         await trio.sleep(1)
@@ -223,12 +216,8 @@ async def test_a_failed_remove_loses_nothing_and_its_alarm_still_fires(
 async def test_a_quarantined_actor_stays_quarantined_if_its_file_cannot_be_deleted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_host(app, data_dir=tmp_path) as host:
-        await rpc(host, "doc/a", "fill")
-        await trio.sleep(1)
-    for f in files_of(tmp_path, "doc/a"):
-        f.write_bytes(b"")
-    storage = FailingRemoval(tmp_path)
+    await damaged_actor(tmp_path)
+    storage = HeldRemoval(tmp_path, fail=True)
     storage.go.set()
     async with open_host(app, storage=storage) as host:
         assert (await host.request("POST", "/doc/a/_rpc/rows", json={})).status == 503
@@ -248,7 +237,7 @@ async def test_rm_again_finishes_a_removal_cut_short_after_the_file_went(
     """A crash between the file's deletion and its alarm entry's leaves the entry: ``rm``
     still finds the actor, and drops it; the alarm never fires and no file comes back."""
     fired.clear()
-    storage = FailingRemoval(tmp_path, after_delete=True)
+    storage = HeldRemoval(tmp_path, fail=True, after_delete=True)
     storage.go.set()
     async with open_host(app, storage=storage) as host:
         await rpc(host, "doc/a", "fill")

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..address import CLASS_NAME_RE, actor_path, split_address
+from ..address import actor_path, split_address
+from ..runtime.files import database_files
 from .inspect import InspectError, read
 
 
@@ -53,7 +54,7 @@ def backup(data: Path, dest: Path) -> dict[str, Any]:
     made = _make_dirs(dest / "host")
     actors_root = data / "actors"
     copied, size, failed = 0, 0, []
-    for path in _actor_files(actors_root):
+    for _, path in database_files(actors_root):
         target = dest / "actors" / path.relative_to(actors_root)
         part = target.with_name(target.name + ".part")
         try:
@@ -131,31 +132,6 @@ def _make_dirs(path: Path) -> set[Path]:
     except (OSError, ValueError) as exc:
         raise InspectError(f"cannot make {path}: {exc}") from None
     return set(missing)
-
-
-def _actor_files(actors_root: Path) -> list[Path]:
-    """The actors' database files: ``<class>/<aa>/<bb>/<stem>.sqlite``."""
-    found = []
-    for class_dir in sorted(_dirs(actors_root)):
-        if CLASS_NAME_RE.fullmatch(class_dir.name) is None:
-            continue
-        for outer in sorted(_dirs(class_dir)):
-            for inner in sorted(_dirs(outer)):
-                with os.scandir(inner) as entries:
-                    found += [
-                        Path(e.path)
-                        for e in entries
-                        if e.name.endswith(".sqlite") and e.is_file(follow_symlinks=False)
-                    ]
-    return found
-
-
-def _dirs(path: Path) -> list[Path]:
-    try:
-        with os.scandir(path) as entries:
-            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        return []
 
 
 def _fsync(path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The file backend's directory of actor databases: listing them, deleting one."""
+"""The file backend's directory of actor databases: listing them (for the host's rebuild and
+for backups), deleting one."""
 
 from __future__ import annotations
 
@@ -12,20 +13,30 @@ from ..address import CLASS_NAME_RE, check_actor_name, name_from_stem
 from .damage import read_address
 
 
-def actor_files(root: Path) -> Iterator[tuple[str, str]]:
-    """``(class_name, name)`` of every actor database under ``root``
-    (``<root>/<class>/<aa>/<bb>/<name>.sqlite``), in no particular order."""
-    for class_dir in _subdirs(root):
+def database_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """``(class_name, path)`` of every actor database file under ``root``
+    (``<root>/<class>/<aa>/<bb>/<stem>.sqlite``; no symbolic links), in path order."""
+    for class_dir in sorted(_subdirs(root)):
         if CLASS_NAME_RE.fullmatch(class_dir.name) is None:
             continue
-        for outer in _subdirs(class_dir):
-            for inner in _subdirs(outer):
+        for outer in sorted(_subdirs(class_dir)):
+            for inner in sorted(_subdirs(outer)):
                 with os.scandir(inner) as entries:
-                    for entry in entries:
-                        if entry.name.endswith(".sqlite") and entry.is_file():
-                            name = _name_of(Path(entry.path))
-                            if name is not None:
-                                yield class_dir.name, name
+                    found = [
+                        Path(e.path)
+                        for e in entries
+                        if e.name.endswith(".sqlite") and e.is_file(follow_symlinks=False)
+                    ]
+                for path in sorted(found):
+                    yield class_dir.name, path
+
+
+def actor_files(root: Path) -> Iterator[tuple[str, str]]:
+    """``(class_name, name)`` of every actor database under ``root``."""
+    for class_name, path in database_files(root):
+        name = _name_of(path)
+        if name is not None:
+            yield class_name, name
 
 
 def delete_database(path: Path) -> int:
@@ -64,10 +75,9 @@ def _name_of(path: Path) -> str | None:
     return None
 
 
-def _subdirs(path: Path) -> Iterator[Path]:
+def _subdirs(path: Path) -> list[Path]:
     try:
         with os.scandir(path) as entries:
-            dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
-        return
-    yield from dirs
+        return []
