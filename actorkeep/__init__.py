@@ -21,11 +21,12 @@ from .errors import (
     StorageDamaged,
 )
 from .http import Headers, Request, Response
-from .routing import route, rpc
+from .routing import route, rpc, websocket
 from .runtime.activation import current_actor
 from .runtime.clock import Clock
 from .runtime.host import Host
 from .runtime.storage import FileStorage
+from .ws import WebSocket
 
 __all__ = [
     "Actor",
@@ -48,6 +49,7 @@ __all__ = [
     "Request",
     "Response",
     "StorageDamaged",
+    "WebSocket",
     "codec",
     "current_actor",
     "kv",
@@ -55,4 +57,5 @@ __all__ = [
     "route",
     "rpc",
     "testing",
+    "websocket",
 ]

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .calls import ActorsClient
     from .context import ActorContext
     from .sql import Sql
+    from .ws import WebSocket
 
 
 COUNTER_NAME = re.compile(r"[a-z][a-z0-9_.]{0,62}")
@@ -48,6 +49,9 @@ class Actor:
 
     #: Refuse requests that do not come from another actor (403 before the actor is created).
     callers_only: ClassVar[bool] = False
+    #: ``(request, reply)``: a WebSocket message equal to ``request`` is answered with
+    #: ``reply`` by the host, without an event (the actor stays asleep): a client's ping.
+    websocket_auto_reply: ClassVar[tuple[str, str] | None] = None
 
     address: str
     class_name: str
@@ -133,6 +137,11 @@ class Actor:
         """Remove the alarm, if any. Durable when it returns; ``wait=False``: a gated write,
         durable before the actor's next reply or call leaves."""
         await self._ak.delete_alarm(wait=wait)
+
+    def websockets(self, tag: str | None = None) -> list[WebSocket]:
+        """The actor's open WebSockets, oldest first (with ``tag``: those accepted with it).
+        They stay open while the actor is out of memory (docs/websockets.md)."""
+        return self._ak.websockets(tag)
 
     async def delete_all(self) -> None:
         """Delete everything this actor stored: every table, view and trigger of its database

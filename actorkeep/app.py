@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -56,10 +57,26 @@ class ActorClass:
         #: Whether an outside request may create the actor of a name (None: any name may).
         self.outside_creates = _creatable_from_outside(create)
         self.routes = RouteTable(cls)
+        _check_websocket_handlers(cls, bool(self.routes.websockets))
 
     @property
     def has_alarm(self) -> bool:
         return callable(getattr(self.cls, "alarm", None))
+
+
+def _check_websocket_handlers(cls: type[Actor], routes: bool) -> None:
+    """``TypeError`` for a class whose WebSocket handlers could not run."""
+    auto = cls.websocket_auto_reply
+    if auto is not None and not (
+        isinstance(auto, tuple) and len(auto) == 2 and all(isinstance(a, str) and a for a in auto)
+    ):
+        raise TypeError(f"{cls.__name__}.websocket_auto_reply must be (request, reply), two str")
+    for handler in ("websocket_message", "websocket_close"):
+        fn = getattr(cls, handler, None)
+        if fn is not None and not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{cls.__name__}.{handler} must be async def")
+    if routes and getattr(cls, "websocket_message", None) is None:
+        raise TypeError(f"{cls.__name__} has a @websocket route but no websocket_message")
 
 
 class App:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import sqlalchemy
 
     from .http import Response
+    from .ws import WebSocket
 
 
 class ActorContext(Protocol):
@@ -48,6 +49,9 @@ class ActorContext(Protocol):
 
     async def delete_all(self) -> None:
         """Drop everything the actor stored, and its alarm."""
+
+    def websockets(self, tag: str | None) -> list[WebSocket]:
+        """The actor's open WebSockets (with ``tag``, those tagged with it)."""
 
     async def call(
         self,

@@ -7,6 +7,7 @@ from typing import Any, overload
 from urllib.parse import parse_qsl
 
 from .codec import json_dumps, json_loads
+from .ws import PendingUpgrade, WebSocket, check_tags, encode_attachment
 
 
 class Headers(Mapping[str, str]):
@@ -59,7 +60,7 @@ class Request:
     for a request from outside. ``parsed`` is what the route's ``parse`` function returned.
     """
 
-    __slots__ = ("body", "caller", "headers", "method", "parsed", "path", "query")
+    __slots__ = ("body", "caller", "headers", "method", "parsed", "path", "query", "upgrade")
 
     def __init__(
         self,
@@ -77,10 +78,25 @@ class Request:
         self.body = body
         self.caller = caller
         self.parsed: Any = None
+        #: The WebSocket upgrade this request asks for (``@ak.websocket`` routes), else None.
+        self.upgrade: PendingUpgrade | None = None
 
     def json(self) -> Any:
         """The body decoded as JSON (``ValueError`` if it is not JSON)."""
         return json_loads(self.body)
+
+    def accept_websocket(self, *, tags: Iterable[str] = (), attachment: Any = None) -> WebSocket:
+        """Accept the WebSocket this request asks for, in an ``@ak.websocket`` route: the
+        socket joins ``self.websockets()`` at once; return it from the handler (return an
+        ``ak.Response`` instead to refuse the upgrade). ``tags`` (at most 10) select sockets
+        in ``self.websockets(tag)``; ``attachment`` is kept with the socket (see
+        ``ak.WebSocket.attachment``). ``Overloaded`` if the host or the actor holds all the
+        sockets it may."""
+        if self.upgrade is None:
+            raise RuntimeError("this request is not a WebSocket upgrade (see @ak.websocket)")
+        checked = check_tags(tags)
+        data = encode_attachment(attachment) if attachment is not None else b""
+        return self.upgrade.accept(checked, data)
 
     def __repr__(self) -> str:
         return f"<Request {self.method} {self.path} caller={self.caller!r}>"

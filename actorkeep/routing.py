@@ -14,6 +14,7 @@ RPC_PREFIX = "/_rpc/"
 _ROUTES_ATTR = "__actorkeep_routes__"
 _RPC_ATTR = "__actorkeep_rpc__"
 _PARSE_ATTR = "__actorkeep_parse__"
+_WEBSOCKET_ATTR = "__actorkeep_websocket__"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -82,6 +83,27 @@ def route(method: str, path: str, *, parse: Parser | None = None) -> Callable[[F
     return mark
 
 
+def websocket(path: str, *, parse: Parser | None = None) -> Callable[[F], F]:
+    """Mark an ``async def handler(self, req, **params)`` that takes WebSocket upgrades at
+    ``GET path`` (docs/websockets.md). It runs as an event of the actor, after the access
+    rules, the caller rules and ``parse`` (as for ``@route``) let the upgrade through; it
+    returns ``req.accept_websocket(...)`` to accept, or an ``ak.Response`` to refuse. A
+    request to ``path`` that is not an upgrade gets 426. The class must define
+    ``async def websocket_message(self, ws, message)``, and may define
+    ``async def websocket_close(self, ws, code, reason)``.
+    """
+    mark_route = route("GET", path, parse=parse)
+
+    def mark(fn: F) -> F:
+        if getattr(fn, _ROUTES_ATTR, ()):
+            raise TypeError(f"@websocket handler {fn.__qualname__} may not be a @route too")
+        mark_route(fn)
+        setattr(fn, _WEBSOCKET_ATTR, True)
+        return fn
+
+    return mark
+
+
 def rpc(fn: F) -> F:
     """Mark an ``async def`` method as callable at ``POST /_rpc/<name>`` with a map of arguments."""
     if not _is_async(fn):
@@ -139,6 +161,8 @@ class RouteTable:
         self.static: dict[tuple[str, str], RouteHandler] = {}
         self.patterns: list[tuple[str, tuple[str, ...], RouteHandler]] = []
         self.rpcs: dict[str, RpcMethod] = {}
+        #: The route handlers that take WebSocket upgrades (``@websocket``).
+        self.websockets: set[RouteHandler] = set()
         # Route handler -> (it never suspends, its parse function): one lookup per request.
         self.handlers: dict[RouteHandler, tuple[bool, Parser | None]] = {}
         seen: set[str] = set()
@@ -151,6 +175,8 @@ class RouteTable:
                     self.rpcs[attr] = RpcMethod(attr, fn)
                 if getattr(fn, _ROUTES_ATTR, ()):
                     self.handlers[fn] = (never_suspends(fn), getattr(fn, _PARSE_ATTR, None))
+                if getattr(fn, _WEBSOCKET_ATTR, False):
+                    self.websockets.add(fn)
                 for method, path in getattr(fn, _ROUTES_ATTR, ()):
                     segments = tuple(path.strip("/").split("/")) if path != "/" else ()
                     if any(s.startswith("{") and s.endswith("}") for s in segments):

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import structlog
 
 from ..address import check_actor_name
-from ..errors import HostClosed, OutcomeUnknown, Overloaded, Quarantined
+from ..errors import ActorkeepError, HostClosed, OutcomeUnknown, Overloaded, Quarantined
 from ..http import (
     RESERVED_HEADER_PREFIX,
     Headers,
@@ -25,6 +25,8 @@ from ..http import (
     parse_query,
 )
 from ..runtime.host import Host
+from ..runtime.sockets import ACCEPTED, SocketLink, Upgrade
+from ..ws import WebSocket
 
 log = structlog.get_logger("actorkeep")
 
@@ -64,19 +66,45 @@ class Front:
     ) -> Response:
         """Answer one outside request; ``raw_path`` is still percent-encoded."""
         try:
-            return await self._handle(method, raw_path, query_string, headers, body)
-        except Overloaded as exc:
-            return error_response(
-                503, "Overloaded", exc.message, {"retry-after": str(round(exc.retry_after))}
-            )
-        except OutcomeUnknown as exc:  # the call may have run: 503, not a gateway timeout
-            return error_response(
-                503, "OutcomeUnknown", exc.message, {"retry-after": str(round(exc.retry_after))}
-            )
-        except HostClosed as exc:
-            return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})
-        except Quarantined as exc:
-            return error_response(503, "Quarantined", exc.message)
+            request = self._request(method, raw_path, query_string, headers, body)
+            if isinstance(request, Response):
+                return request
+            class_name, name, req = request
+            return await self.host.router.deliver(class_name, name, req, (), None)
+        except _REFUSED as exc:
+            return _refusal(exc)
+
+    async def upgrade(
+        self,
+        raw_path: str,
+        query_string: str,
+        headers: Iterable[tuple[str, str]],
+        link: SocketLink,
+    ) -> tuple[Response, WebSocket | None]:
+        """An outside WebSocket upgrade (a GET) whose socket would be ``link``: the reply,
+        and the socket if the actor accepted it (the reply is then ``ACCEPTED``, and the
+        caller writes the handshake's own)."""
+        upgrade: Upgrade | None = None
+        try:
+            request = self._request("GET", raw_path, query_string, headers, b"")
+            if isinstance(request, Response):
+                return request, None
+            class_name, name, req = request
+            actor_class = self.host.classes[class_name]
+            address = f"{class_name}/{name}"
+            upgrade = req.upgrade = self.host.sockets.upgrade(actor_class, address, name, link)
+            resp = await self.host.router.deliver(class_name, name, req, (), None)
+        except _REFUSED as exc:
+            resp = _refusal(exc)
+        except BaseException:
+            if upgrade is not None:
+                upgrade.abandon()
+            raise
+        if resp is ACCEPTED and upgrade is not None and upgrade.socket is not None:
+            return resp, upgrade.socket
+        if upgrade is not None:
+            upgrade.abandon()
+        return resp, None
 
     async def request(
         self,
@@ -96,14 +124,15 @@ class Front:
         raw_path, _, query = path.partition("?")
         return await self.handle(method, raw_path, query, hdrs.items(), body)
 
-    async def _handle(
+    def _request(
         self,
         method: str,
         raw_path: str,
         query_string: str,
         headers: Iterable[tuple[str, str]],
         body: bytes,
-    ) -> Response:
+    ) -> Response | tuple[str, str, Request]:
+        """The actor's class, name and request, or the reply that refuses it."""
         if raw_path == HEALTH_PATH:
             return Response.json({"status": "ok", "active": self.host.active_count})
         parts = raw_path.split("/", 3)
@@ -131,5 +160,20 @@ class Front:
             query = parse_query(query_string)
         except ValueError as exc:
             return error_response(400, "BadRequest", f"bad query string: {exc}")
-        request = Request(method.upper(), path, query, hdrs, body, None)
-        return await self.host.router.deliver(class_name, name, request, (), None)
+        return class_name, name, Request(method.upper(), path, query, hdrs, body, None)
+
+
+#: What the host raises for an outside request it will not run now.
+_REFUSED = (Overloaded, OutcomeUnknown, HostClosed, Quarantined)
+
+
+def _refusal(exc: ActorkeepError) -> Response:
+    """The reply to an outside request the host refused with ``exc``."""
+    if isinstance(exc, Overloaded | OutcomeUnknown):
+        name = "Overloaded" if isinstance(exc, Overloaded) else "OutcomeUnknown"
+        # The call may have run (OutcomeUnknown): 503, not a gateway timeout.
+        return error_response(503, name, exc.message, {"retry-after": str(round(exc.retry_after))})
+    if isinstance(exc, HostClosed):
+        return error_response(503, "HostClosed", str(exc), {"retry-after": "1"})
+    assert isinstance(exc, Quarantined)
+    return error_response(503, "Quarantined", exc.message)

@@ -70,6 +70,8 @@ class RequestHead:
     content_length: int | None
     #: Bytes of the head as sent (request line, headers and their line ends).
     size: int
+    #: It asks to upgrade to WebSocket (``upgrade: websocket``).
+    websocket: bool = False
 
 
 class RequestReader:
@@ -88,6 +90,7 @@ class RequestReader:
         "_raw_body",
         "_size",
         "_url",
+        "upgraded",
         "waiting_for_continue",
     )
 
@@ -106,6 +109,8 @@ class RequestReader:
         self._error: ProtocolError | None = None  # the parser failed: nothing more is read
         #: The current request asked for ``100 Continue`` and no byte of its body came yet.
         self.waiting_for_continue = False
+        #: After a WebSocket upgrade request: the bytes that followed it (frames, not HTTP).
+        self.upgraded: bytes | None = None
 
     @property
     def in_body(self) -> bool:
@@ -123,7 +128,7 @@ class RequestReader:
 
     def feed(self, data: bytes) -> None:
         """Bytes from the client (at most ``MAX_FEED``); ``b""`` when it closed its side."""
-        if self._error is not None:
+        if self._error is not None or self.upgraded is not None:
             return
         if not data:
             if self._in_head or self._in_body:
@@ -158,10 +163,14 @@ class RequestReader:
             self._fail(431, "request head too large")
 
     def _upgraded(self, rest: bytes) -> None:
-        # llhttp stops after the head of a request that asks to switch protocols. No upgrade
-        # is served (decision 0019): the request is an ordinary one, its body (if declared by
-        # length) is read here, and parsing goes on after it with a new parser.
+        # llhttp stops after the head of a request that asks to switch protocols. What
+        # follows a WebSocket upgrade is the socket's (front/websocket.py). Any other upgrade
+        # is not served (decision 0019): the request is an ordinary one, its body (if
+        # declared by length) is read here, and parsing goes on after it with a new parser.
         if self._error is not None:
+            return
+        if self._last.websocket:
+            self.upgraded = rest
             return
         self._parser = httptools.HttpRequestParser(self)
         # llhttp already reported the end of the message: it comes after the body.
@@ -229,6 +238,7 @@ class RequestReader:
         expects = False
         hosts = 0
         chunked = False
+        websocket = False
         for name, value in self._head:
             if name == "content-length":
                 length = int(value)  # llhttp checked that it is one number
@@ -238,6 +248,8 @@ class RequestReader:
                 hosts += 1
             elif name == "transfer-encoding":
                 chunked = True
+            elif name == "upgrade":
+                websocket = "websocket" in value.lower()
         self._in_head = False
         self._in_body = True
         if version != "1.1" and version != "1.0":
@@ -257,6 +269,7 @@ class RequestReader:
             version == "1.1" and parser.should_keep_alive(),  # 1.0: one request, as h11 did
             length,
             self._size + len(method) + len(target),
+            websocket,
         )
         self._events.append(self._last)
 

@@ -40,6 +40,16 @@ from .http11 import (
     encode_response,
 )
 from .limits import ServerLimits
+from .replies import (
+    HOST_CLOSED,
+    NO_MEMORY,
+    REFUSAL,
+    internal_error,
+    protocol_error,
+    timeout_reply,
+    too_large,
+)
+from .websocket import Session, handshake
 
 log = structlog.get_logger("actorkeep")
 
@@ -94,6 +104,7 @@ class HttpServer:
         self._refusing = 0
         self._handling = 0
         self._handled_all = trio.Event()
+        self._sessions: set[Session] = set()  # the WebSockets open
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
         self.refused = 0  # connections refused at the cap
@@ -158,7 +169,7 @@ class HttpServer:
     async def _write_refusal(self, stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(LAST_WORDS), contextlib.suppress(*_GONE):
-                await stream.send_all(_REFUSAL)
+                await stream.send_all(REFUSAL)
         finally:
             self._refusing -= 1
             await trio.aclose_forcefully(stream)
@@ -168,6 +179,8 @@ class HttpServer:
         """Stop taking requests: waiting connections close now, the rest after their reply."""
         self.draining = True
         self._conns.close_waiting()
+        for session in self._sessions:
+            session.going_away()
         if self._handling == 0:
             self._handled_all.set()
 
@@ -189,7 +202,7 @@ class HttpServer:
             log.error("connection failed", error_id=error_id, exc_info=exc)
             with trio.move_on_after(LAST_WORDS) as scope:
                 scope.shield = True
-                await self._answer(conn, reader, stream, _internal_error(error_id))
+                await self._answer(conn, reader, stream, internal_error(error_id))
         finally:
             self._conns.remove(conn)
             await trio.aclose_forcefully(stream)
@@ -205,15 +218,17 @@ class HttpServer:
                     event = await self._next_event(reader, stream, deadline, conn)
             except _Timeout as exc:
                 if exc.partial:
-                    await self._answer(conn, reader, stream, _timeout("request head too slow"))
+                    await self._answer(conn, reader, stream, timeout_reply("request head too slow"))
                 return
             except ProtocolError as exc:
-                await self._answer(conn, reader, stream, _protocol_error(exc))
+                await self._answer(conn, reader, stream, protocol_error(exc))
                 return
             if event is CLOSED:
                 return
             assert isinstance(event, RequestHead), event
             request, event = event, None
+            if request.websocket and reader.upgraded is not None:
+                return await self._websocket(conn, reader, stream, request)
             started = trio.current_time() if self.access_log else 0.0
             self._conns.move(conn, "body")
             served += 1
@@ -239,7 +254,7 @@ class HttpServer:
             try:
                 event = reader.next_event()
             except ProtocolError as exc:
-                await self._answer(conn, reader, stream, _protocol_error(exc))
+                await self._answer(conn, reader, stream, protocol_error(exc))
                 return
             if event is NEED_DATA:
                 event = None
@@ -257,6 +272,35 @@ class HttpServer:
                 self._conns.move(conn, "head")
             deadline = trio.current_time() + limits.header_timeout
 
+    async def _websocket(
+        self, conn: Connection, reader: RequestReader, stream: Any, request: RequestHead
+    ) -> None:
+        """An upgrade to WebSocket: the actor's accept event, then the socket until it ends
+        (the connection ends with it). Counted as a request being handled while it lasts."""
+        front = self.front
+        if not isinstance(front, Front):
+            no_sockets = error_response(404, "NotFound", "no WebSockets on this listener")
+            return await self._answer(conn, reader, stream, no_sockets)
+        accepted = HOST_CLOSED if self.draining else handshake(request)
+        if isinstance(accepted, Response):
+            return await self._answer(conn, reader, stream, accepted)
+        assert reader.upgraded is not None
+        session = Session(stream, self.host.sockets.limits, reader.upgraded)
+        self._conns.move(conn, "busy")
+        self._handling += 1
+        try:
+            path, _, query = request.target.partition("?")
+            resp, ws = await front.upgrade(path, query, request.headers, session)
+            if ws is None:
+                return await self._send_response(conn, stream, "GET", resp, True)
+            self._sessions.add(session)
+            await session.run(self.host.sockets, ws, accepted)
+        finally:
+            self._sessions.discard(session)
+            self._handling -= 1
+            if self.draining and self._handling == 0:
+                self._handled_all.set()
+
     async def _handle(
         self, conn: Connection, reader: RequestReader, stream: Any, request: RequestHead
     ) -> Response:
@@ -266,19 +310,19 @@ class HttpServer:
         to make room (``Connections.shed_one``); from then on it waits for the host, and is kept."""
         host = self.host
         if self.draining:
-            raise _Refused(_HOST_CLOSED)
+            raise _Refused(HOST_CLOSED)
         # The reader bounds a head that arrives in pieces; a whole one is measured here.
         if request.size > self.limits.max_header_bytes:
             raise _Refused(error_response(431, "HeadersTooLarge", "request head too large"))
         length = request.content_length
         if length is not None and length > host.max_body:
-            raise _Refused(_too_large(host))
+            raise _Refused(too_large(host))
         try:
             body = await self._read_body(conn, reader, stream, length)
         except _Timeout:
-            raise _Refused(_timeout("request body too slow")) from None
+            raise _Refused(timeout_reply("request body too slow")) from None
         except ProtocolError as exc:
-            raise _Refused(_protocol_error(exc)) from None
+            raise _Refused(protocol_error(exc)) from None
         finally:
             self.inflight.give(conn.held)  # the front takes the whole body's share itself
             conn.held = 0
@@ -320,9 +364,9 @@ class HttpServer:
             if type(event) is bytes:
                 size = conn.held + len(event)
                 if size > host.max_body:
-                    raise _Refused(_too_large(host))
+                    raise _Refused(too_large(host))
                 if not self.inflight.take(len(event)):
-                    raise _Refused(_NO_MEMORY)
+                    raise _Refused(NO_MEMORY)
                 conn.held = size
                 chunks.append(event)
             elif event is END:
@@ -363,7 +407,7 @@ class HttpServer:
         except ValueError as exc:  # a status or header HTTP cannot carry
             error_id = self.host.error_id()
             log.error("invalid response", error_id=error_id, status=resp.status, error=str(exc))
-            return await self._send_response(conn, stream, method, _internal_error(error_id), close)
+            return await self._send_response(conn, stream, method, internal_error(error_id), close)
         conn.replying = True
         await self._send_all(conn, stream, data)
         conn.replying = False
@@ -402,36 +446,6 @@ class HttpServer:
                 await stream.send_eof()
                 while await stream.receive_some(RECEIVE_SIZE):
                     pass
-
-
-def _too_large(host: Host) -> Response:
-    return error_response(413, "PayloadTooLarge", f"body over {host.max_body} bytes")
-
-
-def _timeout(message: str) -> Response:
-    return error_response(408, "RequestTimeout", message)
-
-
-_PROTOCOL_ERRORS = {431: "HeadersTooLarge", 505: "HTTPVersionNotSupported"}
-
-
-def _protocol_error(exc: ProtocolError) -> Response:
-    return error_response(exc.status, _PROTOCOL_ERRORS.get(exc.status, "BadRequest"), exc.message)
-
-
-def _internal_error(error_id: str) -> Response:
-    return error_response(500, "InternalError", f"internal error (id {error_id})")
-
-
-_NO_MEMORY = error_response(
-    503, "Overloaded", "too many request bytes in flight", {"retry-after": "1"}
-)
-_HOST_CLOSED = error_response(503, "HostClosed", "the host is shutting down", {"retry-after": "1"})
-_REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 55\r\n\r\n"
-    b'{"error":"Overloaded","message":"too many connections"}'
-)
 
 
 def _log_access(request: RequestHead, status: int, started: float) -> None:

@@ -22,6 +22,7 @@ from ..app import ActorClass
 from ..calls import ActorsClient
 from ..http import Response
 from ..sql import Sql
+from ..ws import WebSocket
 from .alarm_store import ACTOR_TABLE as ALARM_TABLE
 from .alarm_store import AlarmState, read_alarm
 from .clock import Clock
@@ -64,6 +65,12 @@ class ActorAlarms(Protocol):
     async def delete(self, act: Activation, *, wait: bool = True) -> None: ...
 
 
+class SocketIndex(Protocol):
+    """The host's WebSockets (sockets.py), as an activation reads them."""
+
+    def of(self, address: str, tag: str | None = None) -> list[WebSocket]: ...
+
+
 class ActivationHost(Protocol):
     """What an activation needs of its host."""
 
@@ -77,6 +84,9 @@ class ActivationHost(Protocol):
 
     @property
     def alarms(self) -> ActorAlarms: ...
+
+    @property
+    def sockets(self) -> SocketIndex: ...
 
     def buggify(self, site: str) -> bool: ...
 
@@ -355,6 +365,9 @@ class Activation:
         await self.host.alarms.delete(self, wait=True)
         await self.sync()  # the drops, when there was no alarm to delete
         self.discard_instance()  # the next event sets up a new instance on the empty database
+
+    def websockets(self, tag: str | None) -> list[WebSocket]:
+        return self.host.sockets.of(self.address, tag)
 
     def chain_for_call(self) -> tuple[str, ...]:
         """The call chain of a call this actor makes now."""

@@ -10,7 +10,7 @@ through here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import outcome
@@ -32,6 +32,7 @@ from .faults import FaultHooks
 from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
 from .registry import Quarantine
+from .sockets import INTERNAL, Sockets
 from .stats import HostStats
 from .storage import Database, is_damage, out_of_descriptors
 
@@ -62,8 +63,12 @@ class Dispatcher:
         max_pending: int,
         gate_class: type[Gate] = Gate,
         stats: HostStats | None = None,
+        sockets: Sockets | None = None,
     ) -> None:
         self.host = host
+        #: The host's WebSockets (sockets.py).
+        self.sockets = sockets if sockets is not None else Sockets(classes)
+        self.sockets.runner = self
         self.stats = stats if stats is not None else HostStats()
         self.gate_class = gate_class
         self.classes = classes
@@ -183,6 +188,25 @@ class Dispatcher:
         self.activations.add(act)
         return act
 
+    def evict_idle(self, address: str) -> bool:
+        """``Host.evict``: take ``address`` out of memory if it is idle; whether it is out."""
+        act = self.activations.get(address)
+        if act is None:
+            return True
+        busy = act.current is not None or act.inbox or (act.gate is not None and act.gate.busy)
+        if not act.parked or busy:
+            return False
+        self.activations.evict(act)
+        return True
+
+    def activation_of(self, address: str) -> Activation | None:
+        """The activation of ``address`` if it is in memory."""
+        return self.activations.get(address)
+
+    def wait_done(self, ev: Event) -> Awaitable[Response]:
+        """Until ``ev`` (enqueued) has run: what it answered."""
+        return self.timeouts.wait_reply(ev, None)
+
     def enqueue(self, act: Activation, ev: Event, limit: bool) -> None:
         if limit and len(act.inbox) >= self.max_pending:
             self._note_overload(act.address)
@@ -227,7 +251,8 @@ class Dispatcher:
                     else:
                         result = await self._run(act, ev)
                         gate = act.gate
-                        if gate is not None and gate.closed:
+                        # A socket's event answers nobody outside: its sends are gated.
+                        if gate is not None and gate.closed and ev.kind != "websocket":
                             gate.hold(ev, result)  # the output gate: wait for the writes
                         else:
                             self.timeouts.reply(ev, result)
@@ -309,6 +334,8 @@ class Dispatcher:
                 file=db.where,
                 error=repr(exc),
             )
+            # What its sockets were sent may be lost: the clients reconnect and read afresh.
+            self.sockets.close_actor(act.address, INTERNAL, "the actor's storage failed")
             if act.gate is not gate:
                 return  # that database is closed already
             if act.current is None and act.parked:
@@ -409,6 +436,7 @@ class Dispatcher:
     def take_out(self, act: Activation, message: str) -> None:
         """A quarantined actor leaves memory; what waits for it is refused."""
         self.activations.evict(act)
+        self.sockets.close_actor(act.address, INTERNAL, "the actor is quarantined")
         while act.inbox:  # an outcome is unwrapped once: one each
             self.timeouts.reply(act.inbox.popleft(), outcome.Error(Quarantined(message)))
 

@@ -128,6 +128,16 @@ class Gate:
         if not self.syncing:
             self._start()
 
+    def defer(self, output: Callable[[], None]) -> None:
+        """Run ``output`` once every gated write so far is durable (now, if none waits), in
+        the order deferred; never, if a sync fails first. An actor's WebSocket sends."""
+        if self.failed is not None:
+            return
+        if not self.closed:
+            output()
+        else:
+            self._after.append((self.gated, output))
+
     def error(self) -> Exception:
         """The error a failed sync gives whoever waits for it (a new one each time)."""
         failed = self.failed

@@ -27,9 +27,12 @@ _RESULT_HEADERS = {  # shared: Headers are read-only
     "json": Headers({"content-type": codec.JSON}),
 }
 
-#: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, the alarm, or a
-#: checkpoint of the actor's write-ahead log (the host's own, with no handler).
-EventKind = Literal["request", "rpc", "alarm", "checkpoint"]
+#: A request (an outside request or an HTTP-shaped call), an ``@rpc`` call, the alarm, a
+#: WebSocket's message or close (runtime/sockets.py), or a checkpoint of the actor's
+#: write-ahead log (the host's own, with no handler).
+EventKind = Literal["request", "rpc", "alarm", "websocket", "checkpoint"]
+#: What a WebSocket event answers its waiter (nobody reads it).
+_HANDLED = Response(204)
 
 
 class Event:
@@ -44,6 +47,7 @@ class Event:
         "inline",
         "kind",
         "params",
+        "positional",
         "request",
         "timeout",
         "waiter",
@@ -66,6 +70,7 @@ class Event:
         self.chain = chain  # addresses whose events wait on this one, outermost first
         self.params = params
         self.args = args  # the arguments of an @rpc call
+        self.positional: tuple[Any, ...] | None = None  # a WebSocket handler's arguments
         self.encoding = encoding
         self.inline = inline  # the handler never suspends (routing.never_suspends)
         self.waiter: Task | None = None
@@ -75,6 +80,12 @@ class Event:
     @classmethod
     def alarm(cls) -> Event:
         return cls("alarm", None, None, ())
+
+    @classmethod
+    def websocket(cls, fn: Callable[..., Any], args: tuple[Any, ...]) -> Event:
+        ev = cls("websocket", fn, None, ())
+        ev.positional = args
+        return ev
 
     @classmethod
     def checkpoint(cls) -> Event:
@@ -89,6 +100,8 @@ class Event:
         """The handler's coroutine on the actor ``inst``: an ``@rpc`` method takes its
         arguments, a route the request and its path parameters."""
         assert self.fn is not None
+        if self.positional is not None:
+            return self.fn(inst, *self.positional)  # type: ignore[no-any-return]
         if self.args is not None:
             return self.fn(inst, **self.args)  # type: ignore[no-any-return]
         return self.fn(inst, self.request, **(self.params or {}))  # type: ignore[no-any-return]
@@ -101,11 +114,16 @@ class Event:
                 "the event ended with a transaction still open: commit it before returning "
                 "(or use `with self.sql.transaction():`)"
             )
+        if self.kind == "websocket":
+            return _HANDLED
         if self.encoding is not None:  # @rpc: encode the return value as the request was
             headers = _RESULT_HEADERS[self.encoding]
             return Response(200, headers, codec.encode(result, self.encoding))
         if not isinstance(result, Response):
             assert self.fn is not None
+            request = self.request
+            if request is not None and request.upgrade is not None:
+                return request.upgrade.accepted(result, self.fn)
             raise TypeError(
                 f"route handler {self.fn.__qualname__} returned {type(result).__name__}, "
                 "not ak.Response"

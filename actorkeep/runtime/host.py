@@ -55,6 +55,7 @@ from .rebuild import rebuild_if_needed
 from .registry import Quarantine, Registrar, Registry
 from .removal import Remover
 from .router import LocalRouter, Router, Target
+from .sockets import GOING_AWAY, SocketLimits, Sockets
 from .stats import HostStats
 from .storage import Database, StorageBackend
 
@@ -98,6 +99,7 @@ class Host:
         router: Callable[[Target], Router] = LocalRouter,
         alarm_index: Callable[[HostDb], AlarmIndex] = LocalAlarmIndex,
         remover: type[Remover] = Remover,
+        socket_limits: SocketLimits | None = None,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
             raise ValueError("idle_timeout, max_active, max_pending and max_body must be positive")
@@ -139,6 +141,8 @@ class Host:
         self.stats = HostStats()
         self._failures = Failures(self.rng, debug, self._take_out, self._saved)
         self._timeouts = CallTimeouts(self.stats)
+        #: The open WebSockets of the host's actors (sockets.py).
+        self.sockets = Sockets(app.classes, socket_limits)
         self.dispatcher = Dispatcher(
             self,
             app.classes,
@@ -150,6 +154,7 @@ class Host:
             max_pending,
             gate,
             self.stats,
+            self.sockets,
         )
         self.activations = self.dispatcher.activations
 
@@ -257,6 +262,7 @@ class Host:
                     nursery.cancel_scope.cancel()
         finally:
             self._closing = self.dispatcher.closing = True
+            self.sockets.close_all(GOING_AWAY, "the host is shutting down")
             for act in self.activations:
                 self.dispatcher.retire(act)
             if self.clock.follows_wall:
@@ -446,14 +452,7 @@ class Host:
         """Take the actor at ``address`` out of memory if it is idle (no event running or
         waiting, no sync running or held): its database closes, and its next event opens it
         afresh. Whether it is out of memory now."""
-        act = self.dispatcher.activations.get(address)
-        if act is None:
-            return True
-        busy = act.current is not None or act.inbox or (act.gate is not None and act.gate.busy)
-        if not act.parked or busy:
-            return False
-        self.dispatcher.activations.evict(act)
-        return True
+        return self.dispatcher.evict_idle(address)
 
     async def open_instance(self, act: Activation) -> Actor:
         """The actor's instance: its database opened and ``setup()`` run if need be."""

@@ -43,6 +43,12 @@ def event_for(
         no_route = f"{actor_class.name} has no route {request.method} {request.path}"
         return error_response(404, "NotFound", no_route), 0
     fn, params = found
+    if fn in routes.websockets:
+        if request.upgrade is None:
+            return _UPGRADE_REQUIRED, 0
+    elif request.upgrade is not None:
+        no_route = f"{actor_class.name} has no WebSocket route {request.path}"
+        return error_response(404, "NotFound", no_route), 0
     inline, parse = routes.handlers[fn]
     if parse is not None:
         try:
@@ -59,6 +65,11 @@ def event_for(
         return ev, 0
     # A route's handler may decode the body itself (req.json()): count what it could hold.
     return ev, codec.decode_cost(request.body, request.headers.get("content-type"))
+
+
+_UPGRADE_REQUIRED = error_response(
+    426, "UpgradeRequired", "this route takes WebSocket upgrades only", {"upgrade": "websocket"}
+)
 
 
 def creation_refused(

@@ -76,6 +76,8 @@ class Remover:
             or self._alarms.index.get(address) is not None  # left by an rm a crash cut short
         ):
             raise RemoteError(404, "NotFound", f"no actor {address}")
+        if dispatcher.sockets.count_of(address):  # their next messages would bring it back
+            raise RemoteError(409, "Busy", f"{address} has open WebSockets: close them first")
         if self.busy(address, act):
             raise RemoteError(
                 409, "Busy", f"{address} has events in flight: try again once it is idle"

@@ -56,7 +56,7 @@ class Histogram:
 
 
 #: The kinds of event counted (checkpoints, the runtime's own, are not).
-KINDS = ("request", "rpc", "alarm")
+KINDS = ("request", "rpc", "alarm", "websocket")
 
 
 class ClassStats:
