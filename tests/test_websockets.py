@@ -57,15 +57,24 @@ class Room(ak.Actor):
         if message == "bye":
             ws.close(4000, "as you wish")
             return
+        if message.startswith("slow "):
+            await trio.sleep(float(message[5:]))
+            ws.send("slept")
+            return
         if message.startswith("flood "):
             count, size = map(int, message.split()[1:])
             for _ in range(count):
                 ws.send("x" * size)
             return
-        with self.sql.transaction():
-            self.sql.exec("INSERT INTO log (line) VALUES (?)", (f"{user}: {message}",))
+        self.sql.exec("INSERT INTO log (line) VALUES (?)", (f"{user}: {message}",), durable=True)
         for other in self.websockets("all"):
             other.send(f"{user}: {message}")
+
+    @ak.rpc
+    async def slow_send(self, seconds: float, text: str) -> None:
+        await trio.sleep(seconds)
+        for ws in self.websockets():
+            ws.send(text)
 
     async def websocket_close(self, ws: ak.WebSocket, code: int, reason: str) -> None:
         user = ws.attachment["user"]
@@ -106,6 +115,13 @@ async def serving(
         )
         yield server, host, f"ws://127.0.0.1:{port}"
         stop.set()
+
+
+async def until(check: Any, seconds: float = 5.0) -> None:
+    """Until ``check()`` holds (what the host does on other connections: nothing to wait on)."""
+    with trio.fail_after(seconds):
+        while not check():  # noqa: ASYNC110
+            await trio.sleep(0.01)
 
 
 async def raw_upgrade(url: str, path: str, headers: dict[str, str] | None = None) -> bytes:
@@ -155,9 +171,7 @@ async def test_messages_are_events_in_order_and_reach_every_socket(tmp_path: Pat
                 assert await bob.get_message() == f"ann: m{i}"
             await bob.send_message(b"\x01\x02\x03")
             assert await bob.get_message() == b"\x03\x02\x01"
-        with trio.fail_after(5):
-            while host.sockets.count_of("room/a"):
-                await trio.sleep(0.01)
+        await until(lambda: not host.sockets.count_of("room/a"))
         log = await host.deliver("room", "a", ak.Request("GET", "/log"), (), None)
         lines = log.json()
         assert lines[:20] == [f"ann: m{i}" for i in range(20)]
@@ -165,25 +179,23 @@ async def test_messages_are_events_in_order_and_reach_every_socket(tmp_path: Pat
 
 
 async def test_hibernation_keeps_sockets_tags_and_attachments(tmp_path: Path) -> None:
-    async with serving(tmp_path, idle_timeout=0.2) as (_, host, url):
-        async with (
-            open_websocket_url(f"{url}/room/h/ws?user=ann") as ann,
-            open_websocket_url(f"{url}/room/h/ws?user=bob") as bob,
-        ):
-            await ann.get_message()
-            await bob.get_message()
-            with trio.fail_after(5):
-                while "room/h" in host.activations:
-                    await trio.sleep(0.05)
-            assert host.sockets.count_of("room/h") == 2  # asleep, its sockets open
-            # The auto reply answers without waking the actor.
-            await ann.send_message("ping")
-            assert await ann.get_message() == "pong"
-            assert "room/h" not in host.activations
-            await bob.send_message("awake?")  # a new instance: setup runs again
-            assert await ann.get_message() == "bob: awake?"
-            assert await bob.get_message() == "bob: awake?"
-            assert host.stats.counted[("room", "setups", "")] == 2
+    async with (
+        serving(tmp_path, idle_timeout=0.2) as (_, host, url),
+        open_websocket_url(f"{url}/room/h/ws?user=ann") as ann,
+        open_websocket_url(f"{url}/room/h/ws?user=bob") as bob,
+    ):
+        await ann.get_message()
+        await bob.get_message()
+        await until(lambda: "room/h" not in host.activations)
+        assert host.sockets.count_of("room/h") == 2  # asleep, its sockets open
+        # The auto reply answers without waking the actor.
+        await ann.send_message("ping")
+        assert await ann.get_message() == "pong"
+        assert "room/h" not in host.activations
+        await bob.send_message("awake?")  # a new instance: setup runs again
+        assert await ann.get_message() == "bob: awake?"
+        assert await bob.get_message() == "bob: awake?"
+        assert host.stats.counted[("room", "setups", "")] == 2
 
 
 async def test_actor_close_and_client_close_codes(tmp_path: Path) -> None:
@@ -193,8 +205,8 @@ async def test_actor_close_and_client_close_codes(tmp_path: Path) -> None:
             await ann.send_message("bye")
             with pytest.raises(ConnectionClosed) as closed:
                 await ann.get_message()
-            assert closed.value.reason.code == 4000
-            assert closed.value.reason.reason == "as you wish"
+            reason = closed.value.reason
+            assert reason is not None and (reason.code, reason.reason) == (4000, "as you wish")
         async with open_websocket_url(f"{url}/room/c/ws?user=bob") as bob:
             await bob.get_message()
             await bob.aclose(code=4001, reason="later")
@@ -217,9 +229,10 @@ async def test_refused_upgrades_get_statuses_and_create_nothing(tmp_path: Path) 
         assert b" 400 " in (await raw_upgrade(url, "/room/..%2F/ws?user=a"))[:20]
         reply = await raw_upgrade(url, "/room/v/ws?user=a", {"sec-websocket-version": "8"})
         assert b" 426 " in reply[:20] and b"sec-websocket-version: 13" in reply
-        assert b" 400 " in (await raw_upgrade(url, "/room/v/ws?user=a", {"sec-websocket-key": ""}))[
-            :20
-        ]
+        assert (
+            b" 400 "
+            in (await raw_upgrade(url, "/room/v/ws?user=a", {"sec-websocket-key": ""}))[:20]
+        )
         # The caller header from outside is dropped: an outside client cannot pose as an actor.
         forged = await raw_upgrade(url, "/private/p/ws", {"x-actorkeep-caller": "room/x"})
         assert b" 403 " in forged[:20]
@@ -240,7 +253,7 @@ async def test_limits_close_big_messages_and_slow_readers(tmp_path: Path) -> Non
             await ann.send_message("y" * 1001)
             with pytest.raises(ConnectionClosed) as closed:
                 await ann.get_message()
-            assert closed.value.reason.code == 1009
+            assert closed.value.reason is not None and closed.value.reason.code == 1009
         async with (
             open_websocket_url(f"{url}/room/l/ws?user=a") as a,
             open_websocket_url(f"{url}/room/l/ws?user=b") as b,
@@ -253,11 +266,66 @@ async def test_limits_close_big_messages_and_slow_readers(tmp_path: Path) -> Non
             with contextlib.suppress(ConnectionClosed):
                 for _ in range(100):
                     await a.send_message("flood 100 900")
-            with trio.fail_after(5):
-                while not host.sockets.slow_closed:
-                    await trio.sleep(0.01)
+            await until(lambda: host.sockets.slow_closed)
             assert host.sockets.slow_closed == 1 and a.closed is not None
             assert a.closed.code == 1008
             assert await b.get_message() == "a left (1008)"  # the actor heard of it
             await b.send_message("still here")
             assert await b.get_message() == "b: still here"
+
+
+async def test_a_graceful_stop_closes_with_1001_after_the_event_in_flight(tmp_path: Path) -> None:
+    host = ak.Host(app, ak.FileStorage(tmp_path))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"ws://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(serve_http, host, listeners, LIMITS, until=stop.wait))
+        await trio.sleep(0.05)
+        async with (
+            open_websocket_url(f"{url}/room/s/ws?user=a") as a,
+            open_websocket_url(f"{url}/room/s/ws?user=b") as b,
+        ):
+            await a.get_message()
+            await b.get_message()
+            await a.send_message("slow 0.3")
+            await trio.sleep(0.1)
+            stop.set()  # while a's event runs
+            assert await a.get_message() == "slept"  # the event in flight ends first
+            for sock in (a, b):
+                with pytest.raises(ConnectionClosed) as closed:
+                    await sock.get_message()
+                assert closed.value.reason is not None and closed.value.reason.code == 1001
+
+
+async def test_malformed_frames_close_that_socket_only(tmp_path: Path) -> None:
+    async with (
+        serving(tmp_path) as (_, _, url),
+        open_websocket_url(f"{url}/room/m/ws?user=good") as good,
+    ):
+        await good.get_message()
+        port = int(url.rsplit(":", 1)[1])
+        for frame in (
+            b"\x81\x05hello",  # not masked: clients must mask
+            b"\xf1\x80\x00\x00\x00\x00",  # reserved bits set
+            b"\x81\xff" + b"\xff" * 8 + b"\x00" * 4,  # a length no frame may have
+        ):
+            key = base64.b64encode(os.urandom(16))
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(
+                    b"GET /room/m/ws?user=bad HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                    b"connection: Upgrade\r\nsec-websocket-version: 13\r\n"
+                    b"sec-websocket-key: " + key + b"\r\n\r\n" + frame
+                )
+                data = b""
+                with trio.fail_after(5):
+                    while chunk := await stream.receive_some(65536):
+                        data += chunk
+            assert data.startswith(b"HTTP/1.1 101 ")
+            frames = data[data.index(b"\r\n\r\n") + 4 :]
+            close = frames[2 + frames[1] :]  # after the welcome, the close frame
+            assert close[0] == 0x88 and int.from_bytes(close[2:4], "big") == 1002, close
+        await good.send_message("still fine")
+        seen = [await good.get_message() for _ in range(4)]
+        assert seen == ["bad left (1002)"] * 3 + ["good: still fine"]
