@@ -186,6 +186,12 @@ class Server:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"host still running {timeout} s after {signum.name}") from None
 
+    def start_again(self, args: tuple[str, ...]) -> None:
+        """Start the host again on the same port and data (after ``stop`` or ``kill``)."""
+        self.proc = self._spawn(args)
+        if not self._wait_healthy():
+            raise AssertionError(f"host did not start again:\n{self.stderr()}")
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

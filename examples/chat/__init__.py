@@ -1,0 +1,1 @@
+"""Chat rooms over WebSockets (app.py)."""
