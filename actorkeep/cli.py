@@ -199,6 +199,10 @@ async def serve(
                             access_log=access_log,
                         )
                     )
+                    if cluster is not None:  # WebSockets of actors served elsewhere: relayed
+                        app_server.front_of = node.fronts.front_of
+                        bound, bound_port = listeners[0].socket.getsockname()[:2]
+                        await node.fronts.announce(node.fronts.url_for(bound, bound_port))
                     for admin_http, _ in also:  # its metrics count the app's connections
                         assert isinstance(admin_http.front, AdminFront)
                         admin_http.front.metrics.collector.server = app_server

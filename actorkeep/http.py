@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
-from typing import Any, overload
+from typing import Any, Protocol, overload
 from urllib.parse import parse_qsl
 
 from .codec import json_dumps, json_loads
-from .ws import PendingUpgrade, WebSocket, check_tags, encode_attachment
+from .ws import WebSocket, check_tags, encode_attachment
 
 
 class Headers(Mapping[str, str]):
@@ -51,6 +51,16 @@ class Headers(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"Headers({self._map!r})"
+
+
+class PendingUpgrade(Protocol):
+    """The upgrade a request asks for, while its accept event runs (runtime/sockets.py)."""
+
+    def accept(self, tags: tuple[str, ...], attachment: bytes) -> WebSocket: ...
+
+    def accepted(self, result: object, handler: Callable[..., Any]) -> Response:
+        """The reply of the accept event whose handler returned ``result`` (not a
+        ``Response``): ``TypeError`` unless it is the socket accepted."""
 
 
 class Request:

@@ -7,13 +7,10 @@ same ``WebSocket`` object for a socket from its accept to its close.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from . import codec
-
-if TYPE_CHECKING:
-    from .http import Response
 
 #: Bytes an attachment may hold, encoded (msgpack).
 MAX_ATTACHMENT = 2048
@@ -30,16 +27,6 @@ class SocketHub(Protocol):
     def send(self, ws: WebSocket, message: str | bytes) -> None: ...
 
     def close(self, ws: WebSocket, code: int, reason: str) -> None: ...
-
-
-class PendingUpgrade(Protocol):
-    """The upgrade a request asks for, while its accept event runs (runtime/sockets.py)."""
-
-    def accept(self, tags: tuple[str, ...], attachment: bytes) -> WebSocket: ...
-
-    def accepted(self, result: object, handler: Callable[..., Any]) -> Response:
-        """The reply of the accept event whose handler returned ``result`` (not a
-        ``Response``): ``TypeError`` unless it is the socket accepted."""
 
 
 def check_close(code: object, reason: object) -> None:

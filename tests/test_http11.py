@@ -228,6 +228,23 @@ def test_an_upgrade_is_not_served_the_request_is_read_whole_and_the_next_one_too
         chunked.next_event()
 
 
+def test_a_websocket_upgrade_leaves_what_follows_its_head_to_the_socket() -> None:
+    wire = (
+        b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+        b"\x81\x85frameGET /not-http HTTP/1.1\r\n\r\n"
+    )
+    for cut in range(1, len(wire)):
+        reader = RequestReader(16384)
+        reader.feed(wire[:cut])
+        reader.feed(wire[cut:])
+        head = reader.next_event()
+        assert isinstance(head, RequestHead) and head.websocket and head.target == "/ws"
+        assert reader.upgraded is not None
+        # What came after the head in the feed that finished it; later feeds are the socket's.
+        head_end = wire.index(b"\r\n\r\n") + 4
+        assert reader.upgraded == (wire[head_end:cut] if cut >= head_end else wire[head_end:])
+
+
 def test_100_continue_is_wanted_until_the_body_begins() -> None:
     reader = RequestReader(16384)
     reader.feed(b"POST / HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")

@@ -16,7 +16,8 @@ import trio.testing
 
 import actorkeep as ak
 from actorkeep.runtime import storage
-from actorkeep.runtime.sockets import SocketLimits
+from actorkeep.runtime.router import LocalRouter, Target
+from actorkeep.runtime.sockets import WATCH_EVERY, SocketLimits
 from actorkeep.testing import TestSocket, UpgradeRefused, WebSocketClosed, open_host
 from actorkeep.ws import check_tags, encode_attachment
 
@@ -290,3 +291,36 @@ def test_classes_that_cannot_serve_sockets_are_refused_at_import() -> None:
         class SyncHandler(ak.Actor):
             def websocket_message(self, ws: ak.WebSocket, message: str) -> None:
                 pass
+
+
+class MovableRouter(LocalRouter):
+    """Serves every address until ``moved`` (as a cluster host whose lease ran out)."""
+
+    moved = False
+
+    def serves(self, address: str) -> bool:
+        return not self.moved
+
+
+async def test_sockets_of_an_actor_served_elsewhere_now_close_with_1012(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    routers: list[MovableRouter] = []
+
+    def router(host: Target) -> MovableRouter:
+        routers.append(MovableRouter(host))
+        return routers[-1]
+
+    async with (
+        open_host(app, data_dir, router=router) as th,
+        th.websocket("/room/m/ws?user=a") as a,
+        th.websocket("/room/m/ws?user=b") as b,
+    ):
+        assert await a.receive() == "hello" and await b.receive() == "hello"
+        routers[-1].moved = True
+        await trio.sleep(WATCH_EVERY + 0.1)  # the host looks once a second
+        for sock in (a, b):
+            with pytest.raises(WebSocketClosed) as closed:
+                await sock.receive()
+            assert closed.value.code == 1012
+        assert th.host.sockets.count_of("room/m") == 0

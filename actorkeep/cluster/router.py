@@ -21,6 +21,7 @@ import trio
 from ..errors import OutcomeUnknown
 from ..http import Request, Response
 from ..runtime.router import Target
+from ..runtime.sockets import ServedElsewhere
 from .backend import ClusterStorage
 from .database import NotServedHere
 from .partitions import partition_of
@@ -199,6 +200,8 @@ class ClusterRouter:
 
         async def there(peer: str, left: float | None) -> Response:
             assert self._peers is not None
+            if request.upgrade is not None:  # a WebSocket: the front relays it to the owner
+                raise ServedElsewhere(peer)
             return await self._peers.deliver(peer, class_name, name, request, chain, left)
 
         return await self._route(address, timeout, here, there)

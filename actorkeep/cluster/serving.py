@@ -17,6 +17,7 @@ import trio
 from ..runtime.dirlock import CLUSTER_MARK
 from ..runtime.router import Target
 from .backend import ClusterStorage
+from .fronts import Fronts
 from .keeper import LeaseKeeper, LeaseSettings
 from .partitions import DEFAULT_PARTITIONS, check_partitions
 from .peers import Peers, serve_peers
@@ -80,6 +81,8 @@ class ClusterNode:
         assert isinstance(store, ClusterStore)
         #: What the admin API reads the cluster's state from.
         self.view = StoreView(store.conninfo, store.host_id, store.partitions)
+        #: Where the other hosts' fronts are, for WebSockets relayed to an owner.
+        self.fronts = Fronts(store.conninfo, store.host_id, advertise)
         self.peers = Peers(storage.store.secret)
         self._listeners = listeners
         self._router: ClusterRouter | None = None

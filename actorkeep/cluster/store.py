@@ -109,6 +109,10 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS actorkeep_admin (
         host_id text PRIMARY KEY,
         url text NOT NULL)""",
+    # Where each host's front is, for WebSockets relayed to an actor's owner (fronts.py).
+    """CREATE TABLE IF NOT EXISTS actorkeep_fronts (
+        host_id text PRIMARY KEY,
+        url text NOT NULL)""",
 )
 
 

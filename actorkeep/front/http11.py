@@ -70,7 +70,7 @@ class RequestHead:
     content_length: int | None
     #: Bytes of the head as sent (request line, headers and their line ends).
     size: int
-    #: It asks to upgrade to WebSocket (``upgrade: websocket``).
+    #: It asks to upgrade to WebSocket (``upgrade: websocket`` on a GET with no body).
     websocket: bool = False
 
 
@@ -269,7 +269,7 @@ class RequestReader:
             version == "1.1" and parser.should_keep_alive(),  # 1.0: one request, as h11 did
             length,
             self._size + len(method) + len(target),
-            websocket,
+            websocket and method == "GET" and length == 0,  # else an ordinary request
         )
         self._events.append(self._last)
 

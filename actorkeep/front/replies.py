@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import structlog
+import trio
+
 from ..http import Response, error_response
 from ..runtime.host import Host
-from .http11 import ProtocolError
+from .http11 import ProtocolError, RequestHead
+
+log = structlog.get_logger("actorkeep")
 
 
 def too_large(host: Host) -> Response:
@@ -35,3 +40,8 @@ REFUSAL = (
     b"retry-after: 1\r\nconnection: close\r\ncontent-length: 55\r\n\r\n"
     b'{"error":"Overloaded","message":"too many connections"}'
 )
+
+
+def log_access(request: RequestHead, status: int, started: float) -> None:
+    ms = round((trio.current_time() - started) * 1000, 2)
+    log.info("request", method=request.method, target=request.target, status=status, ms=ms)

@@ -26,6 +26,7 @@ from ..http import Response, error_response
 from ..runtime.budget import ByteBudget
 from ..runtime.burst import BurstLog
 from ..runtime.host import Host
+from ..runtime.sockets import ServedElsewhere
 from .connections import Connection, Connections
 from .front import Front, Handler
 from .http11 import (
@@ -40,11 +41,13 @@ from .http11 import (
     encode_response,
 )
 from .limits import ServerLimits
+from .relay import FrontOf, Relay, open_relay
 from .replies import (
     HOST_CLOSED,
     NO_MEMORY,
     REFUSAL,
     internal_error,
+    log_access,
     protocol_error,
     timeout_reply,
     too_large,
@@ -104,9 +107,13 @@ class HttpServer:
         self._refusing = 0
         self._handling = 0
         self._handled_all = trio.Event()
-        self._sessions: set[Session] = set()  # the WebSockets open
-        self._accept_errors = 0
-        self._accept_error_logged = -math.inf
+        self._sessions: set[Session | Relay] = set()  # the WebSockets open
+        #: In a cluster: the front URL of another host, by its internal address (relay.py).
+        self.front_of: FrontOf | None = None
+        self._accept_log = BurstLog(
+            "accept failed: out of file descriptors or memory; closing waiting connections",
+            trio.current_time,
+        )
         self.refused = 0  # connections refused at the cap
         self._cap_log = BurstLog(
             "refusing connections: the connection cap is reached", trio.current_time
@@ -133,7 +140,8 @@ class HttpServer:
                 except OSError as exc:
                     if exc.errno not in CAPACITY_ERRNOS:
                         raise
-                    self._note_accept_error(exc)
+                    error = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+                    self._accept_log.note(error=error, connections=len(self._conns))
                     # Closing a waiting connection frees a descriptor once its task has run.
                     await trio.sleep(0 if self._conns.shed_one() else 0.05)
                     continue
@@ -143,19 +151,6 @@ class HttpServer:
                     continue
                 conn = conns.add(stream.socket.fileno())
                 nursery.start_soon(self._serve_connection, conn, stream)
-
-    def _note_accept_error(self, exc: OSError) -> None:
-        self._accept_errors += 1
-        now = trio.current_time()
-        if now - self._accept_error_logged >= 10.0:
-            log.warning(
-                "accept failed: out of file descriptors or memory; closing waiting connections",
-                error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
-                times=self._accept_errors,
-                connections=len(self._conns),
-            )
-            self._accept_error_logged = now
-            self._accept_errors = 0
 
     def _refuse(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.refused += 1
@@ -238,7 +233,7 @@ class HttpServer:
             except _Refused as refused:
                 await self._answer(conn, reader, stream, refused.response, request.method)
                 if self.access_log:
-                    _log_access(request, refused.response.status, started)
+                    log_access(request, refused.response.status, started)
                 return
             finally:
                 self._handling -= 1
@@ -247,7 +242,7 @@ class HttpServer:
             close = self.draining or served >= limits.keep_alive_requests or not request.keep_alive
             await self._send_response(conn, stream, request.method, resp, close)
             if self.access_log:
-                _log_access(request, resp.status, started)
+                log_access(request, resp.status, started)
             if close or self.draining:
                 return
             self._conns.move(conn, "idle")
@@ -284,19 +279,31 @@ class HttpServer:
         accepted = HOST_CLOSED if self.draining else handshake(request)
         if isinstance(accepted, Response):
             return await self._answer(conn, reader, stream, accepted)
-        assert reader.upgraded is not None
-        session = Session(stream, self.host.sockets.limits, reader.upgraded)
+        rest = reader.upgraded
+        assert rest is not None
+        session = Session(stream, self.host.sockets.limits, rest)
+        relay: Relay | None = None
         self._conns.move(conn, "busy")
         self._handling += 1
         try:
             path, _, query = request.target.partition("?")
-            resp, ws = await front.upgrade(path, query, request.headers, session)
+            try:
+                resp, ws = await front.upgrade(path, query, request.headers, session)
+            except ServedElsewhere as there:  # a cluster's: relayed to the owner (relay.py)
+                relayed = await open_relay(self.front_of, there.owner, request, rest)
+                if isinstance(relayed, Response):
+                    resp, ws = relayed, None
+                else:
+                    self._sessions.add(relay := relayed)
+                    return await relay.run(stream, accepted)
             if ws is None:
                 return await self._send_response(conn, stream, "GET", resp, True)
             self._sessions.add(session)
             await session.run(self.host.sockets, ws, accepted)
         finally:
             self._sessions.discard(session)
+            if relay is not None:
+                self._sessions.discard(relay)
             self._handling -= 1
             if self.draining and self._handling == 0:
                 self._handled_all.set()
@@ -446,11 +453,6 @@ class HttpServer:
                 await stream.send_eof()
                 while await stream.receive_some(RECEIVE_SIZE):
                     pass
-
-
-def _log_access(request: RequestHead, status: int, started: float) -> None:
-    ms = round((trio.current_time() - started) * 1000, 2)
-    log.info("request", method=request.method, target=request.target, status=status, ms=ms)
 
 
 async def serve_http(

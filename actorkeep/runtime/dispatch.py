@@ -101,6 +101,10 @@ class Dispatcher:
         assert self._nursery is not None
         self._nursery.start_soon(self._worker, act, name=f"actor {act.address}")
 
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Start ``fn`` in the host's nursery (not once the host closes)."""
+        self._spawn(fn)
+
     def _spawn(self, fn: Any, *args: Any) -> None:
         if self._nursery is not None and not self.closing:
             self._nursery.start_soon(fn, *args)

@@ -125,7 +125,10 @@ class Host:
         self.access = Access(app.classes, access)
         #: Where every call and outside request goes (``router(host)``; a cluster's checks
         #: which host serves the address).
+        #: The open WebSockets of the host's actors (sockets.py).
+        self.sockets = Sockets(app.classes, socket_limits)
         self.router: Router = router(self)
+        self.sockets.serves = self.router.serves
         self._scheduler_class = alarm_scheduler
         self._index_class = alarm_index
         self._remover_class = remover
@@ -141,8 +144,6 @@ class Host:
         self.stats = HostStats()
         self._failures = Failures(self.rng, debug, self._take_out, self._saved)
         self._timeouts = CallTimeouts(self.stats)
-        #: The open WebSockets of the host's actors (sockets.py).
-        self.sockets = Sockets(app.classes, socket_limits)
         self.dispatcher = Dispatcher(
             self,
             app.classes,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
+import trio
 
 from ..app import ActorClass
 from ..errors import HostClosed, Overloaded, Quarantined
@@ -39,8 +40,19 @@ ABNORMAL = 1006
 
 #: The reply of an accept event that accepted (the front writes the handshake's own).
 ACCEPTED = Response(101)
+#: How often the host looks for sockets of actors it no longer serves (a cluster's failover).
+WATCH_EVERY = 1.0
 MESSAGE_HANDLER = "websocket_message"
 CLOSE_HANDLER = "websocket_close"
+
+
+class ServedElsewhere(Exception):
+    """An upgrade for an actor that another host of the cluster serves (``owner``: its
+    internal address): the front relays the socket there."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(f"served by {owner}")
+        self.owner = owner
 
 
 class SocketLink(Protocol):
@@ -91,6 +103,8 @@ class EventRunner(Protocol):
 
     def wait_done(self, ev: Event) -> Awaitable[Any]: ...
 
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None: ...
+
 
 class Upgrade:
     """A WebSocket upgrade whose accept event runs: ``req.accept_websocket()`` lands here."""
@@ -135,6 +149,10 @@ class Sockets:
         self.classes = classes
         self.limits = limits or SocketLimits()
         self.runner: EventRunner | None = None  # the dispatcher, once it exists
+        #: Whether this host serves an address now (the router's ``serves``): a socket of
+        #: an actor served elsewhere now closes with 1012 instead of sending or running.
+        self.serves: Callable[[str], bool] = lambda address: True
+        self._watching = False  # ``watch`` runs (while sockets are open)
         self._by_address: dict[str, dict[int, WebSocket]] = {}
         self._links: dict[int, SocketLink] = {}
         self._classes_of: dict[int, tuple[ActorClass, str]] = {}
@@ -187,6 +205,9 @@ class Sockets:
         self._by_address.setdefault(upgrade.address, {})[ws.id] = ws
         self._links[ws.id] = upgrade.link
         self._classes_of[ws.id] = (upgrade.actor_class, upgrade.name)
+        if not self._watching and self.runner is not None:
+            self._watching = True
+            self.runner.spawn(self.watch)
         return ws
 
     def forget(self, ws: WebSocket) -> SocketLink | None:
@@ -222,6 +243,9 @@ class Sockets:
             self._gated(ws.address, functools.partial(link.close, code, reason))
 
     def _gated(self, address: str, output: Callable[[], None]) -> None:
+        if not self.serves(address):  # its lease ran out: nothing leaves from here
+            self.close_actor(address, RESTART, "the actor moved to another host")
+            return
         runner = self.runner
         act = runner.activation_of(address) if runner is not None else None
         gate = act.gate if act is not None else None
@@ -242,6 +266,18 @@ class Sockets:
         """Close every socket, with no event (the host stops)."""
         for address in list(self._by_address):
             self.close_actor(address, code, reason)
+
+    async def watch(self) -> None:
+        """While sockets are open, every ``WATCH_EVERY`` seconds: close (1012) those of
+        actors this host no longer serves, so that their clients reconnect to the owner."""
+        try:
+            while self._links:
+                await trio.sleep(WATCH_EVERY)
+                for address in list(self._by_address):
+                    if not self.serves(address):
+                        self.close_actor(address, RESTART, "the actor moved to another host")
+        finally:
+            self._watching = False
 
     # -- what the client does (the link) ------------------------------------------------------
     async def receive(self, ws: WebSocket, message: str | bytes) -> None:
@@ -282,6 +318,9 @@ class Sockets:
     async def _run(self, ws: WebSocket, actor_class: ActorClass, name: str, ev: Event) -> None:
         runner = self.runner
         assert runner is not None
+        if not self.serves(ws.address):
+            self.close_actor(ws.address, RESTART, "the actor moved to another host")
+            return
         try:
             act = runner.activation(ws.address, actor_class, name)
             runner.enqueue(act, ev, limit=False)  # at most one event in flight per socket
