@@ -10,11 +10,12 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
 from actorkeep.cluster.partitions import partition_of
 from tests.test_cluster_process import cluster_args, first_answer
@@ -41,13 +42,12 @@ def owner(conninfo: str, address: str, servers: list[Server]) -> Server | None:
     return None
 
 
-async def next_of(ws: object, kind: str) -> dict[str, object]:
-    """The next message of type ``kind`` (pongs and others skipped)."""
+async def next_of(ws: WebSocketConnection, kind: str) -> dict[str, Any]:
+    """The next message of type ``kind`` (others skipped)."""
     while True:
-        data = await ws.get_message()  # type: ignore[attr-defined]
-        message = json.loads(data)
+        message: dict[str, Any] = json.loads(await ws.get_message())
         if message["type"] == kind:
-            return message  # type: ignore[no-any-return]
+            return message
 
 
 def test_a_socket_is_relayed_to_the_owner_and_closes_with_1012_when_it_dies(
@@ -87,7 +87,7 @@ def test_a_socket_is_relayed_to_the_owner_and_closes_with_1012_when_it_dies(
                             break
                     except Exception:  # 503 while nobody serves the room yet
                         await trio.sleep(0.2)
-            assert {m["text"] for m in history} == {"from a", "from b"}  # type: ignore[index, union-attr]
+            assert {m["text"] for m in history} == {"from a", "from b"}
 
         trio.run(chat)
         assert owner(pg_conninfo, f"room/{room}", [a]) is a
