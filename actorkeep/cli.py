@@ -26,6 +26,7 @@ from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
 from .ops.cluster_view import ClusterView
 from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
 from .runtime.host import Host
+from .runtime.sockets import SocketLimits
 from .runtime.storage import DataDirInUse, FileStorage
 
 if TYPE_CHECKING:  # the cluster's modules need its extra (psycopg): imported when asked for
@@ -284,6 +285,10 @@ def main(argv: list[str] | None = None) -> None:
         default=64 << 20,
         help="bytes of outside requests in flight, bodies and what they decode to (64 MiB)",
     )
+    p.add_argument("--max-websockets", type=int, help="open WebSockets (half of --max-connections)")
+    p.add_argument(
+        "--max-websocket-message", type=int, default=1 << 20, help="message bytes (1 MiB)"
+    )
     defaults = ServerLimits()
     p.add_argument(
         "--max-connections",
@@ -421,8 +426,12 @@ def main(argv: list[str] | None = None) -> None:
         "max_inflight_bytes": args.max_inflight,
         "debug": args.debug,
     }
+    sockets = args.max_websockets or max(1, args.max_connections // 2)
     data = Path(args.data).resolve()
     try:  # validate options before touching disk
+        message = args.max_websocket_message
+        send_buffer = max(message, SocketLimits().send_buffer)
+        host_options["socket_limits"] = SocketLimits(sockets, sockets, message, send_buffer)
         Host(app, FileStorage(data), **host_options)
         limits = ServerLimits(
             max_connections=args.max_connections,
