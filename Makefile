@@ -49,7 +49,7 @@ system-deps:
 
 test: $(VENV)/.test-deps lint system-deps
 	$(BIN)/python -m sim --seeds 200 --check-determinism
-	$(BIN)/python -m sim --cluster --seeds 100 --check-determinism
+	$(BIN)/python -m sim --cluster --seeds 60 --check-determinism
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test-deps system-deps
