@@ -229,6 +229,8 @@ def start(
         command += ["--data", str(data), "--host", LOOPBACK, "--port", str(port)]
         command += ["--max-connections", str(sockets + 200), "--max-websockets", str(sockets + 100)]
         command += ["--idle-timeout", str(idle_timeout), "--log-level", "warning"]
+        # Few actors in memory: the open-file limit goes to the sockets' connections.
+        command += ["--max-active", "200"]
     else:
         command = [sys.executable, __file__, "--serve-hypercorn", str(port)]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, preexec_fn=_raise_files)
