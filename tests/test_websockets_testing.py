@@ -3,23 +3,18 @@ MockClock, the output gate, restarts, failed syncs, and what bad input gets."""
 
 from __future__ import annotations
 
-import errno
-import os
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep.runtime import storage
 from actorkeep.runtime.router import LocalRouter, Target
 from actorkeep.runtime.sockets import WATCH_EVERY, SocketLimits
 from actorkeep.testing import TestSocket, UpgradeRefused, WebSocketClosed, open_host
 from actorkeep.ws import check_tags, encode_attachment
+from tests.test_gate import Disk, disk  # noqa: F401 (the fixture)
 
 app = ak.App()
 
@@ -121,36 +116,6 @@ async def test_tags_select_sockets_and_attachments_change(data_dir: Path) -> Non
         assert await b.receive() == "a,renamed"
 
 
-class Disk:
-    """fdatasync of the actors' files: the next one of a name can be held, or failed."""
-
-    def __init__(self) -> None:
-        self.hold_next: str | None = None
-        self.fail_next: str | None = None
-        self.holding = threading.Event()
-        self.released = threading.Event()
-
-    def datasync(self, real: Any, fd: int) -> None:
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        if self.fail_next is not None and name.startswith(self.fail_next):
-            self.fail_next = None
-            raise OSError(errno.EIO, "injected: the disk failed the fdatasync")
-        if self.hold_next is not None and name.startswith(self.hold_next):
-            self.hold_next = None
-            self.holding.set()
-            self.released.wait(10)
-        real(fd)
-
-
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
-    d = Disk()
-    real = storage._datasync
-    monkeypatch.setattr(storage, "_datasync", lambda fd: d.datasync(real, fd))
-    yield d
-    d.released.set()
-
-
 async def settle(sock: TestSocket) -> None:
     """Let the room's first syncs end (its registration), so the next one is ours."""
     await sock.send("who")
@@ -159,7 +124,8 @@ async def settle(sock: TestSocket) -> None:
 
 
 async def test_sends_after_a_gated_write_wait_until_it_is_durable(
-    data_dir: Path, disk: Disk
+    data_dir: Path,
+    disk: Disk,  # noqa: F811
 ) -> None:
     async with open_host(app, data_dir) as th, th.websocket("/room/g/ws?user=a") as a:
         assert await a.receive() == "hello"
@@ -175,7 +141,8 @@ async def test_sends_after_a_gated_write_wait_until_it_is_durable(
 
 
 async def test_a_failed_sync_closes_the_actor_s_sockets_with_1011(
-    data_dir: Path, disk: Disk
+    data_dir: Path,
+    disk: Disk,  # noqa: F811
 ) -> None:
     async with open_host(app, data_dir) as th, th.websocket("/room/f/ws?user=a") as a:
         assert await a.receive() == "hello"
