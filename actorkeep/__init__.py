@@ -5,7 +5,7 @@ other actors with a caller identity the host vouches for. See docs/getting-start
 """
 
 from . import codec, kv, queue, testing
-from .actor import Actor, AlarmInfo
+from .actor import Actor
 from .app import App
 from .errors import (
     ActorkeepError,
@@ -26,6 +26,7 @@ from .runtime.activation import current_actor
 from .runtime.clock import Clock
 from .runtime.host import Host
 from .runtime.storage import FileStorage
+from .schedules import AlarmInfo, Schedule, ScheduleRun
 from .ws import WebSocket
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "RemoteError",
     "Request",
     "Response",
+    "Schedule",
+    "ScheduleRun",
     "StorageDamaged",
     "WebSocket",
     "codec",

@@ -5,8 +5,17 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from .codec import pack
+from .schedules import (
+    MAX_PAYLOAD,
+    Missed,
+    Schedule,
+    Timetable,
+    check_schedule,
+    timetable_of,
+)
 
 if TYPE_CHECKING:
     import sqlalchemy
@@ -31,12 +40,9 @@ def _check_counter(counter: object, label: object) -> None:
         _CHECKED_COUNTERS.add((counter, label))
 
 
-@dataclass(frozen=True, slots=True)
-class AlarmInfo:
-    """What ``alarm(self, info)`` receives: when it was due and how many retries came before."""
-
-    scheduled_at: float
-    retry_count: int
+def _outside_transaction(actor: Actor, what: str) -> None:
+    if actor.sql.in_transaction:
+        raise RuntimeError(f"{what}() cannot run inside a transaction: commit it first")
 
 
 class Actor:
@@ -61,6 +67,7 @@ class Actor:
     actors: ActorsClient
     _ak: ActorContext
     _ak_db: sqlalchemy.Connection | None = None
+    _ak_timetable: Timetable | bool | None = False  # False: not looked up yet (schedules.py)
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
@@ -127,16 +134,84 @@ class Actor:
             raise TypeError(f"{type(self).__name__} has no alarm() method to call")
         if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
             raise ValueError(f"alarm time must be a finite number of epoch seconds, not {at!r}")
-        await self._ak.set_alarm(float(at), durable=durable, wait=wait)
+        timetable = timetable_of(self)
+        if timetable is not None:
+            await timetable.set_user_alarm(float(at), durable=durable, wait=wait)
+        else:
+            await self._ak.set_alarm(float(at), durable=durable, wait=wait)
 
     def get_alarm(self) -> float | None:
         """The time the alarm is set for, or ``None``."""
-        return self._ak.get_alarm()
+        timetable = timetable_of(self)
+        return timetable.user_alarm() if timetable is not None else self._ak.get_alarm()
 
     async def delete_alarm(self, *, wait: bool = True) -> None:
         """Remove the alarm, if any. Durable when it returns; ``wait=False``: a gated write,
         durable before the actor's next reply or call leaves."""
-        await self._ak.delete_alarm(wait=wait)
+        timetable = timetable_of(self)
+        if timetable is not None:
+            await timetable.delete_user_alarm(wait=wait)
+        else:
+            await self._ak.delete_alarm(wait=wait)
+
+    async def schedule(
+        self,
+        method: str,
+        payload: Any = None,
+        *,
+        at: float | None = None,
+        delay: float | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        missed: Missed = "once",
+        key: str | None = None,
+        wait: bool = True,
+    ) -> str:
+        """Call ``await self.<method>(run)`` at ``at`` (epoch seconds), after ``delay``
+        seconds, or at every occurrence of ``cron`` in time zone ``tz`` (default UTC); its key.
+
+        ``run`` is an ``ak.ScheduleRun`` carrying ``payload`` (any msgpack value, at most
+        64 KiB encoded). A schedule of the same ``key`` is replaced; without a key, a new one
+        is made. ``missed`` says what a cron schedule does with occurrences that passed while
+        it could not run: ``"once"`` (run the latest), ``"each"``, or ``"skip"``. Runs are at
+        least once and never early; a run that raises is retried as the alarm is
+        (docs/schedules.md). Durable when it returns; ``wait=False``: a gated write.
+        """
+        _outside_transaction(self, "schedule")
+        if key is None:
+            key = f"{method}-{self.rng.getrandbits(64):016x}"
+        due, cron, tz = check_schedule(
+            type(self), method, key, (at, delay, cron), tz, missed, self.now()
+        )
+        try:
+            packed = pack(payload)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"payload must be a msgpack value: {exc}") from exc
+        if len(packed) > MAX_PAYLOAD:
+            raise ValueError(f"payload is {len(packed)} bytes encoded; at most {MAX_PAYLOAD}")
+        timetable = timetable_of(self, create=True)
+        assert timetable is not None
+        await timetable.put(key, method, packed, due, cron, tz, missed, wait)
+        return key
+
+    def schedules(self) -> list[Schedule]:
+        """The actor's schedules, the next due first."""
+        timetable = timetable_of(self)
+        return [] if timetable is None else timetable.list()
+
+    def get_schedule(self, key: str) -> Schedule | None:
+        """The schedule of this key, or None."""
+        timetable = timetable_of(self)
+        return None if timetable is None else timetable.get(key)
+
+    async def cancel_schedule(self, key: str, *, wait: bool = True) -> bool:
+        """Remove the schedule of this key; False if there was none. Durable when it returns;
+        ``wait=False``: a gated write."""
+        _outside_transaction(self, "cancel_schedule")
+        timetable = timetable_of(self)
+        if timetable is None:
+            return False
+        return await timetable.cancel(key, wait)
 
     def websockets(self, tag: str | None = None) -> list[WebSocket]:
         """The actor's open WebSockets, oldest first (with ``tag``: those accepted with it).
@@ -153,3 +228,4 @@ class Actor:
         keeps its size (SQLite reuses the free pages); ``actorkeep rm`` deletes the file.
         """
         await self._ak.delete_all()
+        self._ak_timetable = False

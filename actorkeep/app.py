@@ -59,10 +59,6 @@ class ActorClass:
         self.routes = RouteTable(cls)
         _check_websocket_handlers(cls, bool(self.routes.websockets))
 
-    @property
-    def has_alarm(self) -> bool:
-        return callable(getattr(self.cls, "alarm", None))
-
 
 def _check_websocket_handlers(cls: type[Actor], routes: bool) -> None:
     """``TypeError`` for a class whose WebSocket handlers could not run."""

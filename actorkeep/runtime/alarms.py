@@ -30,8 +30,9 @@ from typing import Any, Protocol
 import structlog
 import trio
 
-from ..actor import Actor, AlarmInfo
+from ..actor import Actor
 from ..errors import OutcomeUnknown, Overloaded
+from ..schedules import AlarmInfo, run_alarm, timetable_of
 from .activation import Activation
 from .alarm_index import DUE_BATCH, AlarmIndex, LocalAlarmIndex
 from .alarm_store import (
@@ -366,7 +367,9 @@ class AlarmScheduler:
         try:
             inst = await self._runner.open_instance(act)
             self.stats.alarms_fired += 1
-            await inst.alarm(AlarmInfo(state.scheduled_at, state.retry_count))  # type: ignore[attr-defined]
+            info = AlarmInfo(state.scheduled_at, state.retry_count)
+            last_try = state.retry_count >= MAX_RETRIES
+            await run_alarm(inst, timetable_of(inst), info, last_try, is_damage)
             assert act.db is not None
             if act.db.conn.in_transaction:
                 raise RuntimeError(

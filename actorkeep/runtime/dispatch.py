@@ -451,7 +451,7 @@ class Dispatcher:
         except ValueError:
             class_name = name = ""
         actor_class = self.classes.get(class_name)
-        if actor_class is None or not actor_class.has_alarm:
+        if actor_class is None:
             # Keep the entry (and it stays marked running): the class may come back with the
             # next deploy of the app.
             log.warning("alarm for an actor class this app does not serve", address=address)
