@@ -26,7 +26,8 @@ from .runtime.activation import current_actor
 from .runtime.clock import Clock
 from .runtime.host import Host
 from .runtime.storage import FileStorage
-from .schedules import AlarmInfo, Schedule, ScheduleRun
+from .schedules import AlarmInfo, Missed, Schedule, ScheduleRun, next_cron
+from .sql import Sql
 from .ws import WebSocket
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "Headers",
     "Host",
     "HostClosed",
+    "Missed",
     "OutcomeUnknown",
     "Overloaded",
     "Quarantined",
@@ -51,11 +53,13 @@ __all__ = [
     "Response",
     "Schedule",
     "ScheduleRun",
+    "Sql",
     "StorageDamaged",
     "WebSocket",
     "codec",
     "current_actor",
     "kv",
+    "next_cron",
     "queue",
     "route",
     "rpc",

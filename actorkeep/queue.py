@@ -23,25 +23,28 @@ from .runtime.activation import current_actor
 from .wire import MSGPACK_HEADERS, Op, reply_response
 from .wire import queue as wire
 from .wire.queue import (
-    MAX_ERROR,
     Ack,
+    Bury,
     Config,
     DeadLetter,
     Job,
     Lease,
+    OnDuplicate,
     Outcome,
     Retry,
     Stats,
-    check_seconds,
 )
+from .wire.queue_checks import MAX_ERROR, check_seconds
 
 __all__ = [
     "DELIVER_PATH",
     "PREFIX",
     "Ack",
+    "Bury",
     "Client",
     "Config",
     "DeadLetter",
+    "Fail",
     "Job",
     "Lease",
     "Retry",
@@ -64,6 +67,17 @@ class RetryLater:
 
     def __post_init__(self) -> None:
         check_seconds(self.delay, "delay")
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """What a consumer's handler returns to dead-letter its message now, with ``reason``,
+    whatever attempts it has left (a message that can never succeed)."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        Bury(1, 1, self.reason)  # the same checks as on the wire
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -95,41 +109,101 @@ class Client:
         )
         return op.result(resp)
 
-    async def send(self, body: bytes, delay: float = 0.0, priority: int = 0) -> int:
-        """Queue one message, visible after ``delay`` seconds. Its id once it is durable."""
-        return (await self.send_batch([body], delay, priority))[0]
+    async def send(
+        self,
+        body: bytes,
+        delay: float = 0.0,
+        priority: int = 0,
+        *,
+        key: str | None = None,
+        group: str | None = None,
+        on_duplicate: OnDuplicate = "keep",
+        remember: float | None = None,
+        expires: float | None = None,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Queue one message, visible after ``delay`` seconds. Its id once it is durable.
+
+        ``key``: while a message with this key is live, no second one is queued and its id
+        comes back (``on_duplicate="replace"``: its body is replaced and its due time pushed
+        back to ``delay`` from now, unless it is leased); ``remember`` keeps the key that many
+        seconds after the message is acked. ``group``: one message of a group is leased at a
+        time, in send order. ``expires``: seconds until a message not done goes to the dead
+        letters as ``"expired"``. ``max_attempts``: this message's, instead of the queue's.
+        """
+        return (
+            await self.send_batch(
+                [body],
+                delay,
+                priority,
+                keys=None if key is None else [key],
+                groups=None if group is None else [group],
+                on_duplicate=on_duplicate,
+                remember=remember,
+                expires=expires,
+                max_attempts=max_attempts,
+            )
+        )[0]
 
     async def send_delayed(self, body: bytes, delay: float) -> int:
         """``send(body, delay=delay)``."""
         return await self.send(body, delay=delay)
 
     async def send_batch(
-        self, bodies: Sequence[bytes], delay: float = 0.0, priority: int = 0
+        self,
+        bodies: Sequence[bytes],
+        delay: float = 0.0,
+        priority: int = 0,
+        *,
+        keys: Sequence[str | None] | None = None,
+        groups: Sequence[str | None] | None = None,
+        on_duplicate: OnDuplicate = "keep",
+        remember: float | None = None,
+        expires: float | None = None,
+        max_attempts: int | None = None,
     ) -> list[int]:
-        """Queue 1..1,000 messages in one durable write, all or none; their ids in order."""
+        """Queue 1..1,000 messages in one durable write, all or none; their ids in order.
+        ``keys`` and ``groups`` hold one entry (or None) per body; the rest as for ``send``."""
         if not isinstance(bodies, list | bytes | bytearray | str) and isinstance(bodies, Sequence):
             bodies = list(bodies)
-        ids: list[int] = (
-            await self._call(wire.SEND, bodies=bodies, delay=delay, priority=priority)
-        )["ids"]
+        fields: dict[str, Any] = {"bodies": bodies, "delay": delay, "priority": priority}
+        for name, value in (
+            ("keys", keys),
+            ("groups", groups),
+            ("remember", remember),
+            ("expires", expires),
+            ("max_attempts", max_attempts),
+        ):
+            if value is not None:
+                fields[name] = list(value) if isinstance(value, tuple) else value
+        if on_duplicate != "keep":
+            fields["on_duplicate"] = on_duplicate
+        for name, names in (("keys", keys), ("groups", groups)):
+            if names is not None and not isinstance(names, str) and len(names) != len(bodies):
+                raise ValueError(f"send: {name} holds one entry per body ({len(bodies)})")
+        ids: list[int] = (await self._call(wire.SEND, **fields))["ids"]
         if len(ids) != len(bodies):
             raise ValueError("queue answered send with a malformed reply")
         return ids
 
-    async def lease(self, max: int = 10, visibility: float = 30.0) -> list[Lease]:
-        """Lease up to ``max`` visible messages for ``visibility`` seconds."""
-        leases: list[Lease] = (await self._call(wire.LEASE, max=max, visibility=visibility))[
-            "leases"
-        ]
+    async def lease(
+        self, max: int = 10, visibility: float = 30.0, worker: str | None = None
+    ) -> list[Lease]:
+        """Lease up to ``max`` visible messages for ``visibility`` seconds, at most one per
+        group. ``worker`` names the claimant, shown by ``get()`` and the dead letters."""
+        fields: dict[str, Any] = {"max": max, "visibility": visibility}
+        if worker is not None:
+            fields["worker"] = worker
+        leases: list[Lease] = (await self._call(wire.LEASE, **fields))["leases"]
         return leases
 
     async def settle(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """Apply acks and retries in one event; for each, False if its lease was stale."""
         if isinstance(outcomes, str | bytes) or not isinstance(outcomes, Sequence):
-            raise ValueError("outcomes must be a list of Ack or Retry")
+            raise ValueError("outcomes must be a list of Ack, Retry or Bury")
         for o in outcomes:
-            if not isinstance(o, Ack | Retry):
-                raise ValueError(f"an outcome must be Ack or Retry, not {type(o).__name__}")
+            if not isinstance(o, Ack | Retry | Bury):
+                raise ValueError(f"an outcome must be Ack, Retry or Bury, not {type(o).__name__}")
         if not outcomes:
             return []
         frames = [wire.outcome_to_wire(o) for o in outcomes]
@@ -147,6 +221,11 @@ class Client:
     ) -> bool:
         """Make the message visible after ``delay`` (None: backoff); False if stale."""
         return (await self.settle([Retry(id, attempt, delay, error)]))[0]
+
+    async def fail(self, id: int, attempt: int, reason: str) -> bool:
+        """Dead-letter the message now with ``reason`` if ``(id, attempt)`` is its current
+        lease; False if stale."""
+        return (await self.settle([Bury(id, attempt, reason)]))[0]
 
     async def extend(self, id: int, attempt: int, visibility: float) -> bool:
         """Heartbeat: the current lease now ends ``visibility`` seconds from now."""
@@ -197,7 +276,7 @@ class Client:
 
 # -- the consumer side -------------------------------------------------------------------------
 
-Handler = Callable[[Lease], Awaitable[RetryLater | None] | RetryLater | None]
+Handler = Callable[[Lease], Awaitable[RetryLater | Fail | None] | RetryLater | Fail | None]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -213,7 +292,8 @@ async def handle_delivery(
     """Answer a push delivery: call ``handler(message)`` for each message in order.
 
     Returning normally acks the message; raising retries it with the queue's backoff and
-    records the error; returning ``RetryLater(delay)`` retries it after ``delay``. A request
+    records the error; returning ``RetryLater(delay)`` retries it after ``delay``; returning
+    ``Fail(reason)`` dead-letters it now. A request
     from outside (no caller) gets 403, and so does a queue not in ``queues`` when given.
     A bad frame gets 400. The handler must not call the queue that delivers (``ReentryError``).
     """
@@ -239,13 +319,15 @@ async def handle_delivery(
             continue
         if isinstance(result, RetryLater):
             outcomes.append(wire.outcome_to_wire(Retry(msg.id, msg.attempt, result.delay)))
+        elif isinstance(result, Fail):
+            outcomes.append(wire.outcome_to_wire(Bury(msg.id, msg.attempt, result.reason)))
         else:
             outcomes.append(wire.outcome_to_wire(Ack(msg.id, msg.attempt)))
     return reply_response({"outcomes": outcomes})
 
 
 S = TypeVar("S")
-MethodHandler = Callable[[S, Lease], Awaitable[RetryLater | None]]
+MethodHandler = Callable[[S, Lease], Awaitable[RetryLater | Fail | None]]
 RouteMethod = Callable[[S, Request], Awaitable[Response]]
 
 

@@ -129,10 +129,12 @@ def check_cron(cron: str, tz: str, now: float) -> None:
 
 def next_cron(cron: str, tz: str, after: float) -> float | None:
     """The first occurrence of ``cron`` in ``tz`` strictly after ``after`` (epoch seconds), or
-    None if there is none in the next 50 years."""
+    None if there is none in the next 50 years. ``ValueError`` for a bad expression or zone."""
     start = datetime.fromtimestamp(after, zone(tz))
     try:
         return next(CronSim(cron, start)).timestamp()
+    except CronSimError as exc:
+        raise ValueError(f"bad cron expression {cron!r}: {exc}") from exc
     except StopIteration:
         return None
 

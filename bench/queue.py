@@ -3,7 +3,7 @@ producers vs queues.
 
 1. ``send_batch(1000)`` through ``ak.queue.Client`` from an actor, on a real ``Host`` over
    ``FileStorage`` (fsync in a worker thread), vs raw ``sqlite3`` inserting the same rows into
-   the same schema (``queues.queue.SCHEMA``) in one transaction, WAL, synchronous=FULL.
+   the same schema (``queues.schema``) in one transaction, WAL, synchronous=FULL.
    Rows per second. Target >= 0.5x.
 2. Push delivery end to end: a producer actor sends N messages, one durable ``send`` each, to a
    queue whose consumer (``@ak.queue.consumer``, batch 10) acks them; the clock runs from the
@@ -51,7 +51,7 @@ import trio
 import actorkeep as ak
 from bench.driver import call, spread
 from queues import Queue
-from queues.queue import SCHEMA
+from queues.schema import INDEXES, SCHEMA
 
 TARGET_BATCH = 0.5
 TARGET_PUSH = 3.0
@@ -121,7 +121,7 @@ def open_raw(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    for statement in SCHEMA:
+    for statement in SCHEMA + INDEXES:
         conn.execute(statement)
     return conn
 

@@ -4,5 +4,6 @@ Talk to it with ``ak.queue.Client("queue/<name>")`` from inside an actor's event
 """
 
 from .queue import Queue
+from .recurring import Recurring
 
-__all__ = ["Queue"]
+__all__ = ["Queue", "Recurring"]

@@ -6,14 +6,16 @@ and ``leased = 0``; a leased one has ``visible_at > now`` (the lease's end) and 
 A lease that runs out is simply visible again (``visible_at <= now``), with ``leased`` still 1
 until it is leased again or retried, so ``(id, attempts)`` stays the current lease until then.
 
-Sends are one durable multi-row INSERT. A pull ``lease`` is made durable before it answers, so
-a lease name ``(id, attempt)`` a worker holds is never handed out again, not even after power
-loss. Settle and extend, and the leases of push delivery (whose names never leave the alarm
-event), use plain writes: losing one to power loss means a message is delivered again, which
-at-least-once allows. Dead-lettering moves rows in one transaction. The one alarm is kept at
-the earliest time anything is due: the next visible message and lease end (push queues), the
-end of a lease on its last attempt (every queue: it must reach the dead letters), and the next
-dead letter past its retention.
+Keys, groups, per-message expiry and attempts are columns of the same rows (schema.py,
+sending.py). Plain sends are one durable multi-row INSERT. A pull ``lease`` is made durable
+before it answers, so a lease name ``(id, attempt)`` a worker holds is never handed out
+again, not even after power loss. Settle and extend, and the leases of push delivery (whose
+names never leave the alarm event), use plain writes: losing one to power loss means a
+message is delivered again, which at-least-once allows. Dead-lettering moves rows in one
+transaction. The one alarm is kept at the earliest time anything is due: the next visible
+message and lease end (push queues), the end of a lease on its last attempt and the next
+expiry (every queue: they must reach the dead letters), and the next dead letter past its
+retention.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from actorkeep.wire import MSGPACK_HEADERS
 from actorkeep.wire.queue import (
     CONFIG_FIELDS,
     DELIVER,
-    MAX_ERROR,
     Ack,
+    Bury,
     Config,
     Lease,
     Outcome,
@@ -37,6 +39,11 @@ from actorkeep.wire.queue import (
     State,
     lease_to_wire,
 )
+from actorkeep.wire.queue_checks import MAX_ERROR
+
+from . import schema
+from .recurring import RECURRING_PREFIX, Recurring, check_recurring
+from .sending import PLAIN, SendOptions, insert, promote
 
 log = structlog.get_logger("actorkeep")
 
@@ -50,50 +57,13 @@ def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
 
 
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
+EXPIRED_REASON = "expired"
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
 #: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
 #: a busy or recently busy queue pays one fsync, its insert (decision 0008).
 LINGER = 2.0
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS actorkeep_queue (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        body BLOB NOT NULL,
-        enqueued_at REAL NOT NULL,
-        visible_at REAL NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        priority INTEGER NOT NULL DEFAULT 0,
-        leased INTEGER NOT NULL DEFAULT 0)""",
-    # the lease order
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_order "
-    "ON actorkeep_queue (priority DESC, visible_at, id)",
-    # the next due time of a push queue
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_visible ON actorkeep_queue (visible_at)",
-    # messages out of attempts (few): the dead-letter sweep and its due time
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_attempts ON actorkeep_queue (attempts, visible_at)",
-    """CREATE TABLE IF NOT EXISTS actorkeep_queue_dead (
-        id INTEGER PRIMARY KEY,
-        body BLOB NOT NULL,
-        enqueued_at REAL NOT NULL,
-        attempts INTEGER NOT NULL,
-        failed_at REAL NOT NULL,
-        reason TEXT NOT NULL,
-        priority INTEGER NOT NULL DEFAULT 0)""",
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_dead_failed ON actorkeep_queue_dead (failed_at)",
-    """CREATE TABLE IF NOT EXISTS actorkeep_queue_config (
-        id INTEGER PRIMARY KEY CHECK (id = 0),
-        consumer TEXT,
-        batch_size INTEGER NOT NULL,
-        visibility REAL NOT NULL,
-        max_attempts INTEGER NOT NULL,
-        backoff_base REAL NOT NULL,
-        backoff_max REAL NOT NULL,
-        dead_retention REAL)""",
-)
-
 _CONFIG_COLUMNS = ", ".join(CONFIG_FIELDS)
-_INSERT_ROW = "(?, ?, ?, ?)"
 
 
 class Queue(ak.Actor):
@@ -108,19 +78,22 @@ class Queue(ak.Actor):
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
         """``configs={"name": ak.queue.Config(...)}``: the settings of the queues of those
-        names until ``configure()`` stores others (which then win)."""
-        unknown = set(options) - {"configs"}
+        names until ``configure()`` stores others (which then win). ``recurring={"name":
+        [queues.Recurring(...)]}``: messages those queues send themselves on a cron."""
+        unknown = set(options) - {"configs", "recurring"}
         if unknown:
-            raise TypeError(f"a Queue takes the option configs, not {sorted(unknown)}")
+            raise TypeError(
+                f"a Queue takes the options configs and recurring, not {sorted(unknown)}"
+            )
         configs = options.get("configs", {})
         if not isinstance(configs, dict) or not all(
             isinstance(k, str) and isinstance(v, Config) for k, v in configs.items()
         ):
             raise TypeError("configs maps queue names to ak.queue.Config")
+        check_recurring(options.get("recurring", {}))
 
     async def setup(self) -> None:
-        for statement in SCHEMA:
-            self.sql.exec(statement)
+        schema.create(self.sql)
         row = self.sql.exec(
             f"SELECT {_CONFIG_COLUMNS} FROM actorkeep_queue_config WHERE id = 0"
         ).fetchone()
@@ -134,17 +107,26 @@ class Queue(ak.Actor):
                 due = self.next_due()
                 if due is not None:
                     await self.arm_by(due)
+        await self._declare_recurring()
 
     # -- the protocol: one handler per operation of actorkeep.wire.queue, each given its
     # checked frame (checked before the queue was opened: a refused frame creates no file)
 
     @wire.queue.SEND.handler
     async def op_send(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"ids": await self.send(a["bodies"], a["delay"], a["priority"])}
+        opts = PLAIN
+        if (
+            a["keys"] is not None
+            or a["groups"] is not None
+            or a["expires"] is not None
+            or a["max_attempts"] is not None
+        ):
+            opts = SendOptions.from_frame(a)
+        return {"ids": await self.send(a["bodies"], a["delay"], a["priority"], opts)}
 
     @wire.queue.LEASE.handler
     async def op_lease(self, a: dict[str, Any]) -> dict[str, Any]:
-        leases = await self.pull_lease(a["max"], a["visibility"])
+        leases = await self.pull_lease(a["max"], a["visibility"], a["worker"])
         return {"leases": [lease_to_wire(x) for x in leases]}
 
     @wire.queue.SETTLE.handler
@@ -159,24 +141,27 @@ class Queue(ak.Actor):
     async def op_extend(self, a: dict[str, Any]) -> dict[str, Any]:
         i, attempt = a["id"], a["attempt"]
         until = self.now() + a["visibility"]
-        cur = self.sql.exec(
+        row = self.sql.exec(
             "UPDATE actorkeep_queue SET visible_at = ? "
-            "WHERE id = ? AND leased = 1 AND attempts = ?",
+            "WHERE id = ? AND leased = 1 AND attempts = ? RETURNING max_attempts",
             (until, i, attempt),
-        )
-        ok = cur.rowcount == 1
-        if ok and (self.cfg.consumer is not None or attempt >= self.cfg.max_attempts):
+        ).fetchone()
+        ok = row is not None
+        if ok and (self.cfg.consumer is not None or attempt >= (row[0] or self.cfg.max_attempts)):
             await self.arm_by(until)
         return {"ok": ok}
 
     @wire.queue.CANCEL.handler
     async def op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
-        written = self.sql.exec(
-            "DELETE FROM actorkeep_queue WHERE id = ?", (a["id"],), durable=True
-        )
-        if written.rowcount == 1:
+        with self.sql.transaction(durable=True):
+            gone = self.sql.exec(
+                "DELETE FROM actorkeep_queue WHERE id = ? RETURNING grp", (a["id"],)
+            ).fetchall()
+            if gone and gone[0][0] is not None:
+                promote(self.sql, self.now(), {gone[0][0]})
+        if gone:
             self.count_metric("queue.cancelled", label=self.address)
-        return {"ok": written.rowcount == 1}
+        return {"ok": bool(gone)}
 
     @wire.queue.GET.handler
     async def op_get(self, a: dict[str, Any]) -> dict[str, Any]:
@@ -184,12 +169,13 @@ class Queue(ak.Actor):
         now = self.now()
         self.sweep_now(now)
         row = self.sql.exec(
-            "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased "
-            "FROM actorkeep_queue WHERE id = ?",
+            "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased, "
+            "key, grp, expires_at, max_attempts, worker FROM actorkeep_queue WHERE id = ?",
             (i,),
         ).fetchone()
         if row is not None:
-            attempts, visible_at, last_error, priority, enqueued_at, body, leased = row
+            attempts, visible_at, last_error, priority, enqueued_at, body, leased = row[:7]
+            key, group, expires_at, max_attempts, worker = row[7:]
             state: State = "ready" if visible_at <= now else "leased" if leased else "delayed"
             job: dict[str, Any] = {
                 "id": i,
@@ -201,16 +187,21 @@ class Queue(ak.Actor):
                 "enqueued_at": enqueued_at,
                 "body": body,
                 "failed_at": None,
+                "key": key,
+                "group": group,
+                "expires_at": expires_at,
+                "max_attempts": max_attempts or self.cfg.max_attempts,
+                "worker": worker,
             }
             return {"job": job}
         row = self.sql.exec(
-            "SELECT attempts, reason, priority, enqueued_at, body, failed_at "
+            "SELECT attempts, reason, priority, enqueued_at, body, failed_at, key, grp, worker "
             "FROM actorkeep_queue_dead WHERE id = ?",
             (i,),
         ).fetchone()
         if row is None:
             return {"job": None}
-        attempts, reason, priority, enqueued_at, body, failed_at = row
+        attempts, reason, priority, enqueued_at, body, failed_at, key, group, worker = row
         return {
             "job": {
                 "id": i,
@@ -222,6 +213,11 @@ class Queue(ak.Actor):
                 "enqueued_at": enqueued_at,
                 "body": body,
                 "failed_at": failed_at,
+                "key": key,
+                "group": group,
+                "expires_at": None,
+                "max_attempts": None,
+                "worker": worker,
             }
         }
 
@@ -229,20 +225,26 @@ class Queue(ak.Actor):
     async def op_stats(self, a: dict[str, Any]) -> dict[str, Any]:
         now = self.now()
         self.sweep_now(now)
-        ready, delayed, leased, oldest = self.sql.exec(
-            "SELECT COALESCE(SUM(visible_at <= :now), 0), "
-            "COALESCE(SUM(visible_at > :now AND leased = 0), 0), "
+        ready, delayed, leased, oldest, keyed, groups = self.sql.exec(
+            "SELECT COALESCE(SUM(visible_at <= :now AND blocked = 0), 0), "
+            "COALESCE(SUM((visible_at > :now AND leased = 0) OR blocked = 1), 0), "
             "COALESCE(SUM(visible_at > :now AND leased = 1), 0), "
-            "MIN(CASE WHEN visible_at <= :now THEN enqueued_at END) FROM actorkeep_queue",
+            "MIN(CASE WHEN visible_at <= :now AND blocked = 0 THEN enqueued_at END), "
+            "COUNT(key), COUNT(DISTINCT grp) FROM actorkeep_queue",
             {"now": now},
         ).fetchone()
         (dead,) = self.sql.exec("SELECT COUNT(*) FROM actorkeep_queue_dead").fetchone()
+        (remembered,) = self.sql.exec("SELECT COUNT(*) FROM actorkeep_queue_keys").fetchone()
+        recurring = sum(s.key.startswith(RECURRING_PREFIX) for s in self.schedules())
         return {
             "ready": ready,
             "delayed": delayed,
             "leased": leased,
             "dead": dead,
             "oldest_ready_age": None if oldest is None else max(0.0, now - oldest),
+            "keys": keyed + remembered,
+            "groups": groups,
+            "schedules": recurring,
         }
 
     @wire.queue.DEAD_LETTERS.handler
@@ -250,8 +252,8 @@ class Queue(ak.Actor):
         limit, after = a["limit"], a["after"]
         self.sweep_now(self.now())
         rows = self.sql.exec(
-            "SELECT id, body, enqueued_at, attempts, failed_at, reason FROM actorkeep_queue_dead "
-            "WHERE id > ? ORDER BY id LIMIT ?",
+            "SELECT id, body, enqueued_at, attempts, failed_at, reason, key, grp, worker "
+            "FROM actorkeep_queue_dead WHERE id > ? ORDER BY id LIMIT ?",
             (after, limit),
         ).fetchall()
         return {"items": [list(r) for r in rows]}
@@ -273,14 +275,18 @@ class Queue(ak.Actor):
         ):
             await self.arm_by(now)  # before the durable move, for the same reason as send
         with self.sql.transaction(durable=True):
+            # New messages without a key (a live message may hold it now), at the end of
+            # their groups.
             cur = self.sql.exec(
-                "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) "
-                f"SELECT body, enqueued_at, ?, priority FROM actorkeep_queue_dead {where} "
-                "ORDER BY id",
+                "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, grp, "
+                "blocked) SELECT body, enqueued_at, ?, priority, grp, grp IS NOT NULL "
+                f"FROM actorkeep_queue_dead {where} ORDER BY id RETURNING grp",
                 (now, *params),
             )
+            groups = {g for (g,) in cur.fetchall() if g is not None}
             count = cur.rowcount
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
+            promote(self.sql, now, groups)
         self.count_metric("queue.redriven", count, label=self.address)
         return {"count": count}
 
@@ -308,30 +314,26 @@ class Queue(ak.Actor):
 
     # -- the operations ----------------------------------------------------------------------
 
-    async def send(self, bodies: list[bytes], delay: float, priority: int) -> list[int]:
-        """Insert the messages in one gated statement (the reply with their ids leaves once it
-        is durable); their ids in order."""
+    async def send(
+        self, bodies: list[bytes], delay: float, priority: int, opts: SendOptions = PLAIN
+    ) -> list[int]:
+        """Queue the messages in one gated write (the reply with their ids leaves once it is
+        durable); their ids in order, a duplicate's being the id of the message it matched."""
         now = self.now()
-        visible_at = now + delay
-        if self.cfg.consumer is not None:
+        due = now + delay if self.cfg.consumer is not None else None
+        if opts.expires is not None:
+            due = min(due, now + opts.expires) if due is not None else now + opts.expires
+        if due is not None:
             # Arm before the insert: a crash between the two leaves an alarm with nothing to
             # do, never a message that waits for an alarm that was never set.
-            await self.arm_by(visible_at)
-        params: list[Any] = []
-        for body in bodies:
-            params += (body, now, visible_at, priority)
-        written = self.sql.exec(
-            "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority) VALUES "
-            + ",".join([_INSERT_ROW] * len(bodies))
-            + " RETURNING id",
-            params,
-            durable=True,
-        )
-        self.count_metric("queue.sent", len(bodies), label=self.address)
-        # One statement by one writer: the ids are consecutive, in the order of the rows.
-        return sorted(r[0] for r in written.rows)
+            await self.arm_by(due)
+        sent = insert(self.sql, now, bodies, delay, priority, opts)
+        self.count_metric("queue.sent", sent.new, label=self.address)
+        if sent.new < len(bodies):
+            self.count_metric("queue.duplicates", len(bodies) - sent.new, label=self.address)
+        return sent.ids
 
-    async def pull_lease(self, n: int, visibility: float) -> list[Lease]:
+    async def pull_lease(self, n: int, visibility: float, worker: str | None = None) -> list[Lease]:
         """Lease for a pull worker: durable before the lease names leave this event.
 
         A worker holds ``(id, attempt)`` outside the queue, so power loss must not undo the
@@ -339,62 +341,83 @@ class Queue(ak.Actor):
         late ack would settle it. A gated write: the reply waits for it, the queue does not
         (decision 0008, decision 0015).
         """
-        leases = self.lease(self.now(), n, visibility, durable=True)
+        leases = self.lease(self.now(), n, visibility, durable=True, worker=worker)
         if leases:
             await self._arm_after_lease(leases, visibility)
         return leases
 
-    def lease(self, now: float, n: int, visibility: float, durable: bool = False) -> list[Lease]:
+    def lease(
+        self,
+        now: float,
+        n: int,
+        visibility: float,
+        durable: bool = False,
+        worker: str | None = None,
+    ) -> list[Lease]:
         """Lease up to ``n`` visible messages until ``now + visibility`` (``durable``: a gated
-        write, for the pull path; push delivery leaves them plain)."""
+        write, for the pull path; push delivery leaves them plain), at most one per group."""
         with self.sql.transaction():
             self.sweep(now)
             rows = self.sql.exec(
-                "SELECT id, attempts, body, enqueued_at FROM actorkeep_queue "
-                "WHERE visible_at <= ? ORDER BY priority DESC, visible_at, id LIMIT ?",
+                "SELECT id, attempts, body, enqueued_at, key, grp FROM actorkeep_queue "
+                "WHERE blocked = 0 AND visible_at <= ? "
+                "ORDER BY priority DESC, visible_at, id LIMIT ?",
                 (now, n),
             ).fetchall()
             if rows:
                 update = (
                     "UPDATE actorkeep_queue SET attempts = attempts + 1, leased = 1, "
-                    f"visible_at = ? WHERE id IN ({','.join('?' * len(rows))})"
+                    f"visible_at = ?, worker = ? WHERE id IN ({','.join('?' * len(rows))})"
                 )
-                params = (now + visibility, *(r[0] for r in rows))
+                params = (now + visibility, worker, *(r[0] for r in rows))
                 if durable:
                     self.sql.exec(update, params, durable=True)  # gates the commit
                 else:
                     self.sql.exec(update, params)
                 self.count_metric("queue.deliveries", len(rows), label=self.address)
         return [
-            Lease(i, attempts + 1, body, enqueued_at) for i, attempts, body, enqueued_at in rows
+            Lease(i, attempts + 1, body, enqueued_at, key, group)
+            for i, attempts, body, enqueued_at, key, group in rows
         ]
 
     def settle(self, now: float, outcomes: list[Outcome]) -> tuple[list[bool], float | None]:
-        """Apply acks and retries of current leases; the results and the earliest new
+        """Apply acks, retries and burials of current leases; the results and the earliest new
         ``visible_at`` a retry set (None if none)."""
         cfg = self.cfg
         results: list[bool] = []
         earliest: float | None = None
         acked = retried = 0
         exec_ = self.sql.exec
+        freed: set[str] = set()
         with self.sql.transaction():
             for o in outcomes:
                 row = exec_(
-                    "SELECT attempts, last_error FROM actorkeep_queue "
-                    "WHERE id = ? AND leased = 1 AND attempts = ?",
+                    "SELECT attempts, last_error, key, grp, remember, max_attempts "
+                    "FROM actorkeep_queue WHERE id = ? AND leased = 1 AND attempts = ?",
                     (o.id, o.attempt),
                 ).fetchone()
                 if row is None:
                     results.append(False)  # stale: leased again since, settled, or gone
                     continue
                 results.append(True)
+                attempts, last_error, key, group, remember, max_attempts = row
                 if isinstance(o, Ack):
                     exec_("DELETE FROM actorkeep_queue WHERE id = ?", (o.id,))
+                    if key is not None and remember is not None:
+                        exec_(
+                            "INSERT OR REPLACE INTO actorkeep_queue_keys (key, id, until) "
+                            "VALUES (?, ?, ?)",
+                            (key, o.id, now + remember),
+                        )
+                    if group is not None:
+                        freed.add(group)
                     acked += 1
                     continue
-                attempts, last_error = row
+                if isinstance(o, Bury):
+                    self._bury("id = ?", (o.id,), now, o.reason, force=True)
+                    continue
                 error = o.error if o.error is not None else last_error
-                if attempts >= cfg.max_attempts:  # it could never be leased again
+                if attempts >= (max_attempts or cfg.max_attempts):  # it could never be leased
                     self._bury("id = ?", (o.id,), now, error)
                     continue
                 if o.delay is not None:
@@ -409,25 +432,38 @@ class Queue(ak.Actor):
                 )
                 retried += 1
                 earliest = visible_at if earliest is None else min(earliest, visible_at)
+            promote(self.sql, now, freed)
         if acked:
             self.count_metric("queue.acked", acked, label=self.address)
         if retried:
             self.count_metric("queue.retries", retried, label=self.address)
         return results, earliest
 
-    def _bury(self, where: str, params: tuple[Any, ...], now: float, error: str | None) -> int:
-        """Move the messages matching ``where`` to the dead letters (inside a transaction)."""
+    def _bury(
+        self,
+        where: str,
+        params: tuple[Any, ...],
+        now: float,
+        error: str | None,
+        force: bool = False,
+    ) -> int:
+        """Move the messages matching ``where`` to the dead letters (inside a transaction),
+        with reason ``error`` (``force``: whatever error they recorded), and let the next
+        message of their groups go."""
+        reason = "COALESCE(?, ?)" if force else "COALESCE(?, last_error, ?)"
         buried = self.sql.exec(
             "INSERT INTO actorkeep_queue_dead "
-            "(id, body, enqueued_at, attempts, failed_at, reason, priority) "
-            "SELECT id, body, enqueued_at, attempts, ?, COALESCE(?, last_error, ?), priority "
-            f"FROM actorkeep_queue WHERE {where} RETURNING id, attempts, reason",
+            "(id, body, enqueued_at, attempts, failed_at, reason, priority, key, grp, worker) "
+            f"SELECT id, body, enqueued_at, attempts, ?, {reason}, priority, key, grp, worker "
+            f"FROM actorkeep_queue WHERE {where} RETURNING id, attempts, reason, grp",
             (now, error, MAX_ATTEMPTS_REASON, *params),
         ).fetchall()
+        if not buried:
+            return 0
         self.sql.exec(f"DELETE FROM actorkeep_queue WHERE {where}", params)
-        if buried:
-            self.count_metric("queue.dead_letters", len(buried), label=self.address)
-        for id_, attempts, reason in buried:
+        promote(self.sql, now, {g for *_, g in buried if g is not None})
+        self.count_metric("queue.dead_letters", len(buried), label=self.address)
+        for id_, attempts, reason, _ in buried:
             log.warning(
                 "message dead-lettered",
                 queue=self.address,
@@ -438,11 +474,26 @@ class Queue(ak.Actor):
         return len(buried)
 
     def sweep(self, now: float) -> None:
-        """Inside a transaction: dead-letter visible messages that are out of attempts (a
-        lease that ran out on its last attempt included) and drop dead letters past
-        retention."""
+        """Inside a transaction: dead-letter messages past their expiry and visible messages
+        out of attempts (a lease that ran out on its last attempt included); drop dead letters
+        past retention and remembered keys past their window."""
         cfg = self.cfg
-        self._bury("attempts >= ? AND visible_at <= ?", (cfg.max_attempts, now), now, None)
+        self._bury(
+            "expires_at IS NOT NULL AND expires_at <= ?", (now,), now, EXPIRED_REASON, force=True
+        )
+        self._bury(
+            "attempts >= ? AND visible_at <= ? AND max_attempts IS NULL",
+            (cfg.max_attempts, now),
+            now,
+            None,
+        )
+        self._bury(
+            "max_attempts IS NOT NULL AND attempts >= max_attempts AND visible_at <= ?",
+            (now,),
+            now,
+            None,
+        )
+        self.sql.exec("DELETE FROM actorkeep_queue_keys WHERE until <= ?", (now,))
         if cfg.dead_retention is not None:
             self.sql.exec(
                 "DELETE FROM actorkeep_queue_dead WHERE failed_at <= ?", (now - cfg.dead_retention,)
@@ -457,18 +508,29 @@ class Queue(ak.Actor):
         stored one), or None."""
         cfg = self.cfg if cfg is None else cfg
         exec_ = self.sql.exec
+        times: list[float | None] = []
         if cfg.consumer is not None:
-            (due,) = exec_("SELECT MIN(visible_at) FROM actorkeep_queue").fetchone()
+            times += exec_(
+                "SELECT MIN(visible_at) FROM actorkeep_queue WHERE blocked = 0"
+            ).fetchone()
         else:
-            (due,) = exec_(
-                "SELECT MIN(visible_at) FROM actorkeep_queue WHERE attempts >= ?",
+            times += exec_(
+                "SELECT MIN(visible_at) FROM actorkeep_queue "
+                "WHERE attempts >= ? AND max_attempts IS NULL",
                 (cfg.max_attempts,),
             ).fetchone()
+            times += exec_(
+                "SELECT MIN(visible_at) FROM actorkeep_queue "
+                "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts"
+            ).fetchone()
+        times += exec_(
+            "SELECT MIN(expires_at) FROM actorkeep_queue WHERE expires_at IS NOT NULL"
+        ).fetchone()
         if cfg.dead_retention is not None:
             (failed,) = exec_("SELECT MIN(failed_at) FROM actorkeep_queue_dead").fetchone()
             if failed is not None:
-                expiry = failed + cfg.dead_retention
-                due = expiry if due is None else min(due, expiry)
+                times.append(failed + cfg.dead_retention)
+        due = min((t for t in times if t is not None), default=None)
         return float(due) if due is not None else None
 
     async def arm_by(self, at: float) -> None:
@@ -493,9 +555,74 @@ class Queue(ak.Actor):
     async def _arm_after_lease(self, leases: list[Lease], visibility: float) -> None:
         if not leases:
             return
-        cfg = self.cfg
-        if cfg.consumer is not None or any(x.attempt >= cfg.max_attempts for x in leases):
+        if self.cfg.consumer is not None or self._on_last_attempt(leases):
             await self.arm_by(self.now() + visibility)
+
+    def _on_last_attempt(self, leases: list[Lease]) -> bool:
+        """Whether any of ``leases`` is its message's last attempt (it must reach the dead
+        letters when the lease runs out)."""
+        cfg = self.cfg
+        if any(x.attempt >= cfg.max_attempts for x in leases):
+            return True
+        found = self.sql.exec(
+            "SELECT 1 FROM actorkeep_queue WHERE max_attempts IS NOT NULL "
+            f"AND attempts >= max_attempts AND id IN ({','.join('?' * len(leases))}) LIMIT 1",
+            [x.id for x in leases],
+        ).fetchone()
+        return found is not None
+
+    # -- recurring sends (recurring.py) -----------------------------------------------------
+
+    def _recurring(self) -> dict[str, Recurring]:
+        declared: tuple[Recurring, ...] = self.options.get("recurring", {}).get(self.name, ())
+        return {r.key: r for r in declared}
+
+    async def _declare_recurring(self) -> None:
+        """Bring the queue's schedules in line with the recurring sends declared at mount."""
+        declared = self._recurring()
+        stored = {
+            s.key[len(RECURRING_PREFIX) :]: s
+            for s in self.schedules()
+            if s.key.startswith(RECURRING_PREFIX)
+        }
+        for key in stored.keys() - declared.keys():
+            await self.cancel_schedule(RECURRING_PREFIX + key)
+        for key, r in declared.items():
+            s = stored.get(key)
+            if s is None or (s.cron, s.tz, s.missed) != (r.cron, r.tz, r.missed):
+                await self.schedule(
+                    "send_recurring",
+                    key,
+                    cron=r.cron,
+                    tz=r.tz,
+                    missed=r.missed,
+                    key=RECURRING_PREFIX + key,
+                )
+
+    async def send_recurring(self, run: ak.ScheduleRun) -> None:
+        """One occurrence of a recurring send: the message and the mark of the occurrence it
+        stands for, in one gated transaction; an occurrence already marked sends nothing."""
+        r = self._recurring().get(run.payload)
+        if r is None:
+            return  # no longer declared: the next setup cancels the schedule
+        if self.cfg.consumer is not None:
+            await self.arm_by(self.now())
+        with self.sql.transaction(durable=True):
+            mark = self.sql.exec(
+                "SELECT sent_due FROM actorkeep_queue_recurring WHERE key = ?", (r.key,)
+            ).fetchone()
+            if mark is not None and mark[0] >= run.due:
+                return
+            groups: list[str | None] | None = None if r.group is None else [r.group]
+            sent = insert(
+                self.sql, self.now(), [r.body], 0.0, r.priority, SendOptions(groups=groups)
+            )
+            self.sql.exec(
+                "INSERT OR REPLACE INTO actorkeep_queue_recurring (key, sent_due, id) "
+                "VALUES (?, ?, ?)",
+                (r.key, run.due, sent.ids[0]),
+            )
+        self.count_metric("queue.sent", 1, label=self.address)
 
     # -- push delivery ---------------------------------------------------------------------
 
@@ -506,7 +633,7 @@ class Queue(ak.Actor):
         self.sweep_now(now)
         pushed = False
         if cfg.consumer is not None:
-            leases = self.lease(now, cfg.batch_size, cfg.visibility)
+            leases = self.lease(now, cfg.batch_size, cfg.visibility, worker=cfg.consumer)
             if leases:
                 await self._push(cfg.consumer, cfg.visibility, leases)
                 pushed = True
@@ -559,4 +686,4 @@ class Queue(ak.Actor):
         self.settle(self.now(), retries)
 
 
-__all__ = ["MAX_ATTEMPTS_REASON", "SCHEMA", "Queue", "backoff"]
+__all__ = ["EXPIRED_REASON", "LINGER", "MAX_ATTEMPTS_REASON", "Queue", "backoff"]

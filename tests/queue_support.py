@@ -1,6 +1,7 @@
 """The app and helpers the queue tests share.
 
-- ``queue``: ``queues.Queue``; ``guarded``: the same class, callable only by ``driver`` actors.
+- ``queue``: ``queues.Queue``; ``guarded``: the same class, callable only by ``driver`` actors;
+  ``timed``: with recurring sends.
 - ``driver``: runs a test's coroutine function inside an actor event (``inside``), so that the
   test can use ``ak.queue.Client`` as an application would.
 - ``worker``: a push consumer (``@ak.queue.consumer``) whose behaviour a test sets per address;
@@ -27,6 +28,17 @@ from actorkeep.queue import PREFIX, Client, Lease, RetryLater
 app = ak.App()
 app.mount(queues.Queue, "queue")
 app.mount(queues.Queue, "guarded", allow=["driver"])
+#: Queues that send themselves messages on a cron (queues.Recurring).
+app.mount(
+    queues.Queue,
+    "timed",
+    recurring={
+        "q": [
+            queues.Recurring("tick", "*/10 * * * * *", b"tick"),
+            queues.Recurring("hourly", "0 * * * *", b"h", group="cron", priority=5),
+        ]
+    },
+)
 
 Task = Callable[[ak.Actor], Awaitable[Any]]
 _tasks: dict[int, Task] = {}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from actorkeep import codec, wire
 from actorkeep.queue import Ack, Retry, RetryLater
 from actorkeep.testing import open_host
-from actorkeep.wire import queue
+from actorkeep.wire import queue, queue_checks
 from tests.queue_support import Remote, app, queue_file, raw, table_rows
 
 BAD_SECONDS = [-1, -0.001, math.nan, math.inf, -math.inf, "1", None, True, 2e9]
@@ -58,7 +58,7 @@ def client_calls() -> list[tuple[str, Call]]:
         ("body str", lambda q: q.send("text")),
         ("body int", lambda q: q.send(5)),
         ("body None", lambda q: q.send(None)),
-        ("body too large", lambda q: q.send(b"x" * (queue.MAX_BODY + 1))),
+        ("body too large", lambda q: q.send(b"x" * (queue_checks.MAX_BODY + 1))),
         ("priority float", lambda q: q.send(b"x", priority=1.0)),
         ("priority bool", lambda q: q.send(b"x", priority=True)),
         ("priority huge", lambda q: q.send(b"x", priority=2**40)),
@@ -223,7 +223,7 @@ def test_decoders_survive_random_frames(frame: dict[str, Any], value: Any) -> No
     _only_value_errors(lambda: queue.lease_from_wire(value))
     _only_value_errors(lambda: queue.Config.from_wire(frame))
     _only_value_errors(lambda: queue.Config.from_wire(value))
-    _only_value_errors(lambda: queue.check_bodies(value))
+    _only_value_errors(lambda: queue_checks.check_bodies(value))
 
 
 OPS = ["send", "lease", "settle", "extend", "cancel", "get", "stats", "dead_letters", "redrive",
@@ -250,7 +250,7 @@ def test_the_queue_answers_random_frames_with_a_status(op: str, frame: dict[str,
 
 
 def test_spans_too_short_to_move_the_clock_are_refused() -> None:
-    from actorkeep.wire.queue import MIN_SPAN, check_positive_seconds
+    from actorkeep.wire.queue_checks import MIN_SPAN, check_positive_seconds
 
     assert check_positive_seconds(MIN_SPAN, "visibility") == MIN_SPAN
     for tiny in (1e-320, 1e-9, 0.0009):

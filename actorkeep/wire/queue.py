@@ -6,155 +6,53 @@ each field live here, once; a bad frame is a 400 (docs/reference.md lists every 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ..address import split_address
 from . import REQUIRED, Protocol
-
-# -- limits ------------------------------------------------------------------------------------
-
-MAX_BATCH: Final = 1_000  # messages per send_batch, leases per lease(), outcomes per settle()
-MAX_BODY: Final = 1 << 20  # bytes per message body
-MAX_BATCH_BYTES: Final = 16 << 20  # bytes of bodies per send_batch
-MAX_SECONDS: Final = 1e9  # longest delay, visibility, backoff or retention (about 31 years)
-MAX_ERROR: Final = 4096  # characters of a recorded error
-MIN_PRIORITY: Final = -(2**31)
-MAX_PRIORITY: Final = 2**31 - 1
-MAX_ID: Final = 2**63 - 1
-MAX_ATTEMPTS: Final = 1_000_000
-#: The shortest visibility or backoff: shorter spans vanish in ``now + span`` (a subnormal
-#: visibility would make a lease visible again at once).
-MIN_SPAN: Final = 0.001
+from .queue_checks import (
+    MAX_ATTEMPTS,
+    MAX_BATCH,
+    MAX_ERROR,
+    MAX_ID,
+    MAX_NAME,
+    check_attempt,
+    check_bodies,
+    check_error,
+    check_id,
+    check_ids,
+    check_int,
+    check_list,
+    check_map,
+    check_message_key,
+    check_positive_seconds,
+    check_priority,
+    check_queue_address,
+    check_seconds,
+    check_str,
+    is_number,
+)
 
 State = Literal["ready", "delayed", "leased", "dead"]
-
-# -- field checks ------------------------------------------------------------------------------
-
-
-def _is_number(v: object) -> bool:
-    return (type(v) is int or type(v) is float) and math.isfinite(v)
-
-
-def check_int(v: object, name: str, lo: int, hi: int) -> int:
-    if type(v) is not int:
-        raise ValueError(f"{name} must be an int, not {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in {lo}..{hi}, not {v}")
-    return v
-
-
-def check_id(v: object, name: str = "id") -> int:
-    return check_int(v, name, 1, MAX_ID)
-
-
-def check_attempt(v: object) -> int:
-    return check_int(v, "attempt", 1, MAX_ID)
-
-
-def check_seconds(v: object, name: str) -> float:
-    """A finite number of seconds in 0..MAX_SECONDS."""
-    if not _is_number(v):
-        raise ValueError(f"{name} must be a finite number of seconds, not {v!r}")
-    assert isinstance(v, int | float)
-    if not 0 <= v <= MAX_SECONDS:
-        raise ValueError(f"{name} must be in 0..{MAX_SECONDS:g} seconds, not {v!r}")
-    return float(v)
-
-
-def check_positive_seconds(v: object, name: str) -> float:
-    s = check_seconds(v, name)
-    if s < MIN_SPAN:
-        raise ValueError(f"{name} must be at least {MIN_SPAN} seconds, not {v!r}")
-    return s
-
-
-def check_priority(v: object) -> int:
-    return check_int(v, "priority", MIN_PRIORITY, MAX_PRIORITY)
-
-
-def check_str(v: object, name: str, limit: int) -> str:
-    if not isinstance(v, str):
-        raise ValueError(f"{name} must be a str, not {type(v).__name__}")
-    if len(v) > limit:
-        raise ValueError(f"{name} is longer than {limit} characters")
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} is not encodable as UTF-8") from None
-    return v
-
-
-def check_error(v: object) -> str | None:
-    return None if v is None else check_str(v, "error", MAX_ERROR)
-
-
-def check_body(v: object, name: str = "body") -> bytes:
-    if not isinstance(v, bytes | bytearray):
-        raise ValueError(f"{name} must be bytes, not {type(v).__name__}")
-    if len(v) > MAX_BODY:
-        raise ValueError(f"{name} is over {MAX_BODY} bytes")
-    return bytes(v)
-
-
-def check_bodies(v: object) -> list[bytes]:
-    if isinstance(v, bytes | bytearray | str) or not isinstance(v, Sequence):
-        raise ValueError(f"bodies must be a list of bytes, not {type(v).__name__}")
-    if not 1 <= len(v) <= MAX_BATCH:
-        raise ValueError(f"a batch holds 1..{MAX_BATCH} messages, not {len(v)}")
-    bodies = [check_body(b, "each body") for b in v]
-    if sum(map(len, bodies)) > MAX_BATCH_BYTES:
-        raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes of bodies")
-    return bodies
-
-
-def check_list(v: object, name: str, lo: int, hi: int) -> list[Any]:
-    if not isinstance(v, list):
-        raise ValueError(f"{name} must be a list, not {type(v).__name__}")
-    if not lo <= len(v) <= hi:
-        raise ValueError(f"{name} holds {lo}..{hi} items, not {len(v)}")
-    return v
-
-
-def check_map(
-    v: object, name: str, allowed: Iterable[str], required: Iterable[str] = ()
-) -> dict[str, Any]:
-    """A map with string keys, only ``allowed`` ones, all ``required`` ones present."""
-    if not isinstance(v, dict):
-        raise ValueError(f"{name} must be a map, not {type(v).__name__}")
-    allowed = frozenset(allowed)
-    extra = [k for k in v if k not in allowed]
-    if extra:
-        raise ValueError(f"{name}: unexpected field(s): {', '.join(sorted(map(repr, extra)))}")
-    missing = [k for k in required if k not in v]
-    if missing:
-        raise ValueError(f"{name}: missing field(s): {', '.join(missing)}")
-    return v
-
-
-def check_ids(v: object) -> list[int]:
-    return [check_id(i, "each id") for i in check_list(v, "ids", 1, MAX_BATCH)]
-
-
-def check_queue_address(v: object) -> str:
-    address = check_str(v, "queue", 300)
-    split_address(address)
-    return address
-
+#: What a send with the key of a live message does: keep that message (and answer its id), or
+#: replace its body and push its due time back (debounce), unless it is leased.
+OnDuplicate = Literal["keep", "replace"]
 
 # -- the values frames carry -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A leased message. ``(id, attempt)`` names the lease; ``attempt`` counts from 1."""
+    """A leased message. ``(id, attempt)`` names the lease; ``attempt`` counts from 1.
+    ``key`` and ``group`` are the ones it was sent with."""
 
     id: int
     attempt: int
     body: bytes
     enqueued_at: float
+    key: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +84,22 @@ class Retry:
         check_error(self.error)
 
 
-Outcome = Ack | Retry
+@dataclass(frozen=True, slots=True)
+class Bury:
+    """Outcome: dead-letter the message now, with ``reason``, whatever attempts it has left."""
+
+    id: int
+    attempt: int
+    reason: str
+
+    def __post_init__(self) -> None:
+        check_id(self.id)
+        check_attempt(self.attempt)
+        if not check_str(self.reason, "reason", MAX_ERROR):
+            raise ValueError("reason must not be empty")
+
+
+Outcome = Ack | Retry | Bury
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +112,12 @@ class Stats:
     leased: int
     dead: int
     oldest_ready_age: float | None
+    #: live messages sent with a key, and keys remembered after their message was acked
+    keys: int = 0
+    #: message groups with live messages
+    groups: int = 0
+    #: recurring sends declared with the queue
+    schedules: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +130,10 @@ class DeadLetter:
     attempts: int
     failed_at: float
     reason: str
+    key: str | None = None
+    group: str | None = None
+    #: who held its last lease (``lease(worker=...)``)
+    worker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +151,14 @@ class Job:
     enqueued_at: float
     body: bytes
     failed_at: float | None = None
+    key: str | None = None
+    group: str | None = None
+    #: when it goes to the dead letters as "expired" if not done (None: never)
+    expires_at: float | None = None
+    #: leases it may have (its own, or the queue's)
+    max_attempts: int | None = None
+    #: who holds or last held its lease (``lease(worker=...)``)
+    worker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +231,8 @@ CONFIG_FIELDS: Final = (
 def outcome_to_wire(o: Outcome) -> dict[str, Any]:
     if isinstance(o, Ack):
         return {"id": o.id, "attempt": o.attempt, "op": "ack"}
+    if isinstance(o, Bury):
+        return {"id": o.id, "attempt": o.attempt, "op": "fail", "error": o.reason}
     return {
         "id": o.id,
         "attempt": o.attempt,
@@ -318,7 +251,11 @@ def outcome_from_wire(v: object) -> Outcome:
         return Ack(m["id"], m["attempt"])
     if op == "retry":
         return Retry(m["id"], m["attempt"], m.get("delay"), m.get("error"))
-    raise ValueError(f"outcome: op must be 'ack' or 'retry', not {op!r}")
+    if op == "fail":
+        if "delay" in m or not isinstance(m.get("error"), str):
+            raise ValueError("outcome: a fail has an error (its reason) and no delay")
+        return Bury(m["id"], m["attempt"], m["error"])
+    raise ValueError(f"outcome: op must be 'ack', 'retry' or 'fail', not {op!r}")
 
 
 def outcomes_from_wire(v: object, least: int = 0) -> list[Outcome]:
@@ -326,16 +263,24 @@ def outcomes_from_wire(v: object, least: int = 0) -> list[Outcome]:
 
 
 def lease_to_wire(lease: Lease) -> list[Any]:
-    return [lease.id, lease.attempt, lease.body, lease.enqueued_at]
+    if lease.key is None and lease.group is None:
+        return [lease.id, lease.attempt, lease.body, lease.enqueued_at]
+    return [lease.id, lease.attempt, lease.body, lease.enqueued_at, lease.key, lease.group]
+
+
+_LEASE_SHAPE = "a lease is [id, attempt, body, enqueued_at] or [..., key, group]"
 
 
 def lease_from_wire(v: object) -> Lease:
-    if not isinstance(v, list) or len(v) != 4:
-        raise ValueError("a lease is [id, attempt, body, enqueued_at]")
-    i, attempt, body, enqueued_at = v
-    if not isinstance(body, bytes) or not _is_number(enqueued_at):
-        raise ValueError("a lease is [id, attempt, body, enqueued_at]")
-    return Lease(check_id(i), check_attempt(attempt), body, float(enqueued_at))
+    if not isinstance(v, list) or len(v) not in (4, 6):
+        raise ValueError(_LEASE_SHAPE)
+    i, attempt, body, enqueued_at = v[:4]
+    if not isinstance(body, bytes) or not is_number(enqueued_at):
+        raise ValueError(_LEASE_SHAPE)
+    key = group = None
+    if len(v) == 6:
+        key, group = check_message_key(v[4], "key"), check_message_key(v[5], "group")
+    return Lease(check_id(i), check_attempt(attempt), body, float(enqueued_at), key, group)
 
 
 def leases_from_wire(v: object) -> list[Lease]:
@@ -375,6 +320,44 @@ def _visibility(v: object) -> float:
 
 def _delay(v: object) -> float:
     return check_seconds(v, "delay")
+
+
+def _names(what: str) -> Any:
+    def check(v: object) -> list[str | None] | None:
+        if v is None:
+            return None
+        return [check_message_key(k, what) for k in check_list(v, f"{what}s", 1, MAX_BATCH)]
+
+    return check
+
+
+def _on_duplicate(v: object) -> OnDuplicate:
+    if v not in ("keep", "replace"):
+        raise ValueError(f"on_duplicate must be 'keep' or 'replace', not {v!r}")
+    return v
+
+
+def _optional_seconds(name: str) -> Any:
+    def check(v: object) -> float | None:
+        return None if v is None else check_positive_seconds(v, name)
+
+    return check
+
+
+def _optional_attempts(v: object) -> int | None:
+    return None if v is None else check_int(v, "max_attempts", 1, MAX_ATTEMPTS)
+
+
+def _worker(v: object) -> str | None:
+    return None if v is None else check_str(v, "worker", MAX_NAME)
+
+
+def _send_shape(frame: dict[str, Any], address: str = "") -> None:
+    """The keys and groups of a send, one per body."""
+    n = len(frame["bodies"])
+    for name in ("keys", "groups"):
+        if frame[name] is not None and len(frame[name]) != n:
+            raise ValueError(f"send: {name} holds one entry per body ({n}), not {len(frame[name])}")
 
 
 def _redrive_ids(v: object) -> list[int] | None:
@@ -422,12 +405,23 @@ SEND: Final = QUEUE.op(
         "bodies": (check_bodies, REQUIRED),
         "delay": (_delay, 0.0),
         "priority": (check_priority, 0),
+        "keys": (_names("key"), None),
+        "groups": (_names("group"), None),
+        "on_duplicate": (_on_duplicate, "keep"),
+        "remember": (_optional_seconds("remember"), None),
+        "expires": (_optional_seconds("expires"), None),
+        "max_attempts": (_optional_attempts, None),
     },
     reply={"ids": check_ids},
+    validate=_send_shape,
 )
 LEASE: Final = QUEUE.op(
     "lease",
-    {"max": (_max, REQUIRED), "visibility": (_visibility, REQUIRED)},
+    {
+        "max": (_max, REQUIRED),
+        "visibility": (_visibility, REQUIRED),
+        "worker": (_worker, None),
+    },
     reply={"leases": leases_from_wire},
 )
 SETTLE: Final = QUEUE.op("settle", {"outcomes": (_outcomes, REQUIRED)}, reply={"results": _flags})
@@ -451,6 +445,9 @@ STATS: Final = QUEUE.op(
         "leased": lambda v: _count(v, "leased"),
         "dead": lambda v: _count(v, "dead"),
         "oldest_ready_age": _age,
+        "keys": lambda v: _count(v, "keys"),
+        "groups": lambda v: _count(v, "groups"),
+        "schedules": lambda v: _count(v, "schedules"),
     },
     exact_reply=True,
 )

@@ -7,6 +7,7 @@ import dataclasses
 from actorkeep.runtime.gate import Gate
 from actorkeep.wire.queue import Lease, Outcome
 from queues import Queue
+from queues.sending import PLAIN, SendOptions
 
 from ..bugs import GATE_BUGS
 
@@ -29,7 +30,9 @@ class LazySendQueue(Queue):
     """Acknowledges sends after a plain write: power loss can drop an acknowledged message
     (and AUTOINCREMENT then hands its id to the next send)."""
 
-    async def send(self, bodies: list[bytes], delay: float, priority: int) -> list[int]:
+    async def send(
+        self, bodies: list[bytes], delay: float, priority: int, opts: SendOptions = PLAIN
+    ) -> list[int]:
         now = self.now()
         if self.cfg.consumer is not None:
             await self.arm_by(now + delay)
@@ -46,8 +49,8 @@ class PlainLeaseQueue(Queue):
     """Leases for pull workers with plain writes, as before decision 0008's amendment: power
     loss can undo a lease a worker holds and hand its name (id, attempt) out again."""
 
-    async def pull_lease(self, n: int, visibility: float) -> list[Lease]:
-        leases = self.lease(self.now(), n, visibility)
+    async def pull_lease(self, n: int, visibility: float, worker: str | None = None) -> list[Lease]:
+        leases = self.lease(self.now(), n, visibility, worker=worker)
         if leases:
             await self._arm_after_lease(leases, visibility)
         return leases

@@ -174,8 +174,15 @@ class ObservedLeases(queues.Queue):
         """It takes ``recorder`` besides the queue's own options."""
         super().check_options({k: v for k, v in options.items() if k != "recorder"})
 
-    def lease(self, now: float, n: int, visibility: float, durable: bool = False) -> list[Lease]:
-        leases = super().lease(now, n, visibility, durable)
+    def lease(
+        self,
+        now: float,
+        n: int,
+        visibility: float,
+        durable: bool = False,
+        worker: str | None = None,
+    ) -> list[Lease]:
+        leases = super().lease(now, n, visibility, durable, worker)
         recorder: PushRecorder = self.options["recorder"]
         world = recorder.world
         inc = None if world is None else world.current

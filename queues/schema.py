@@ -1,0 +1,117 @@
+"""The tables of a queue actor, and the upgrade of a queue file made by an earlier version.
+
+``actorkeep_queue`` holds the live messages. One time column, ``visible_at``, orders and
+schedules everything (queue.py). ``blocked`` is 1 for a message of a group that is not its
+group's head (the group's lowest id): only unblocked messages are ever leased, so at most one
+message of a group is leased at a time, in send order.
+"""
+
+from __future__ import annotations
+
+from actorkeep import Sql
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL,
+        visible_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        leased INTEGER NOT NULL DEFAULT 0,
+        key TEXT,
+        grp TEXT,
+        blocked INTEGER NOT NULL DEFAULT 0,
+        expires_at REAL,
+        max_attempts INTEGER,
+        remember REAL,
+        worker TEXT)""",
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_dead (
+        id INTEGER PRIMARY KEY,
+        body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL,
+        attempts INTEGER NOT NULL,
+        failed_at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        key TEXT,
+        grp TEXT,
+        worker TEXT)""",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_dead_failed ON actorkeep_queue_dead (failed_at)",
+    # keys remembered after their message was acked (send(..., remember=...))
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_keys (
+        key TEXT PRIMARY KEY,
+        id INTEGER NOT NULL,
+        until REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_keys_until ON actorkeep_queue_keys (until)",
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_config (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        consumer TEXT,
+        batch_size INTEGER NOT NULL,
+        visibility REAL NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        backoff_base REAL NOT NULL,
+        backoff_max REAL NOT NULL,
+        dead_retention REAL)""",
+    # one send per occurrence of a recurring send: the last occurrence sent, by its key
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_recurring (
+        key TEXT PRIMARY KEY,
+        sent_due REAL NOT NULL,
+        id INTEGER NOT NULL)""",
+)
+
+INDEXES = (
+    # the lease order
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_lease "
+    "ON actorkeep_queue (blocked, priority DESC, visible_at, id)",
+    # the next due time of a push queue
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_due ON actorkeep_queue (blocked, visible_at)",
+    # messages out of the queue's attempts (few): the dead-letter sweep and its due time
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_attempts ON actorkeep_queue (attempts, visible_at)",
+    # ... and out of their own
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_own_attempts ON actorkeep_queue (visible_at) "
+    "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts",
+    "CREATE UNIQUE INDEX IF NOT EXISTS actorkeep_queue_key ON actorkeep_queue (key) "
+    "WHERE key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_group ON actorkeep_queue (grp, id) "
+    "WHERE grp IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_expires ON actorkeep_queue (expires_at) "
+    "WHERE expires_at IS NOT NULL",
+)
+
+#: Columns added since the first version, with their declarations, by table.
+_ADDED = {
+    "actorkeep_queue": (
+        ("key", "TEXT"),
+        ("grp", "TEXT"),
+        ("blocked", "INTEGER NOT NULL DEFAULT 0"),
+        ("expires_at", "REAL"),
+        ("max_attempts", "INTEGER"),
+        ("remember", "REAL"),
+        ("worker", "TEXT"),
+    ),
+    "actorkeep_queue_dead": (("key", "TEXT"), ("grp", "TEXT"), ("worker", "TEXT")),
+}
+#: Indexes of the first version that later ones replaced.
+_DROPPED = ("actorkeep_queue_order", "actorkeep_queue_visible")
+
+
+def create(sql: Sql) -> None:
+    """Create the tables (or bring a queue file of an earlier version up to date) in one
+    transaction."""
+    with sql.transaction():
+        for statement in SCHEMA:
+            sql.exec(statement)
+        for table, columns in _ADDED.items():
+            have = {row[1] for row in sql.exec(f"PRAGMA table_info({table})").fetchall()}
+            for name, declaration in columns:
+                if name not in have:
+                    sql.exec(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+        for index in _DROPPED:
+            sql.exec(f"DROP INDEX IF EXISTS {index}")
+        for statement in INDEXES:
+            sql.exec(statement)
+
+
+__all__ = ["INDEXES", "SCHEMA", "create"]

@@ -1,0 +1,419 @@
+"""Queues beyond send/lease/ack: unique keys and debounce, message groups, expiry, per-message
+attempts, fail, workers, recurring sends (docs/queues.md)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import actorkeep as ak
+from actorkeep.queue import Ack, Bury, Config, Fail, Lease, Retry
+from actorkeep.runtime.clock import Clock
+from actorkeep.schedules import Timetable
+from actorkeep.testing import open_host
+from actorkeep.wire.queue import SEND
+from tests.queue_support import Remote, app, deliveries, now, queue_file, raw, table_rows
+
+#: A fixed epoch at trio time zero, on a whole day: the cron times fall where the test says.
+EPOCH = 1799020800.0
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    deliveries.clear()
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+async def test_a_key_queues_one_message_while_it_is_live(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        first = await q.send(b"a", key="order-42")
+        assert await q.send(b"b", key="order-42") == first  # ready: the same id
+        assert await q.send(b"c", key="order-43") != first
+        assert await q.send(b"d", key="order-43") != first
+        (lease,) = await q.lease(max=1, visibility=30)
+        assert (lease.id, lease.body, lease.key) == (first, b"a", "order-42")
+        assert await q.send(b"e", key="order-42") == first  # leased: still the same
+        assert await q.retry(first, 1, delay=50)
+        assert await q.send(b"f", key="order-42") == first  # delayed after a retry
+        stats = await q.stats()
+        assert (stats.ready + stats.delayed + stats.leased, stats.keys) == (2, 2)
+        (again,) = await q.lease(max=1, visibility=30)  # order-42 after its retry: not yet
+        assert again.key == "order-43"
+        assert await q.ack(again.id, again.attempt)
+        await trio.sleep(51)
+        (lease,) = await q.lease(max=1, visibility=30)
+        assert lease.id == first and lease.body == b"a"  # keep: the first body stays
+        assert await q.ack(first, 2)
+        fresh = await q.send(b"g", key="order-42")  # acked, not remembered: a new message
+        assert fresh > first
+
+
+async def test_remember_keeps_a_key_after_ack(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        first = await q.send(b"a", key="k", remember=60)
+        (lease,) = await q.lease(max=1, visibility=30)
+        assert await q.ack(lease.id, lease.attempt)
+        assert await q.send(b"b", key="k") == first  # remembered: nothing queued
+        assert (await q.stats()).keys == 1 and await q.lease(max=5, visibility=30) == []
+        await host.restart()  # the window is stored
+        q = Remote(host)
+        assert await q.send(b"b", key="k") == first
+        await trio.sleep(61)
+        second = await q.send(b"c", key="k")
+        assert second > first
+        assert (await q.stats()).keys == 1
+
+
+async def test_replace_debounces_a_waiting_message(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        t0 = now(host)
+        i = await q.send(b"v1", delay=10, key="doc-7", on_duplicate="replace")
+        await trio.sleep(5)
+        assert await q.send(b"v2", delay=10, key="doc-7", on_duplicate="replace") == i
+        job = await q.get(i)
+        assert job.body == b"v2" and job.visible_at == pytest.approx(t0 + 15)  # pushed back
+        await trio.sleep(8)
+        assert await q.lease(max=1, visibility=30) == []  # not due at t0 + 13
+        await trio.sleep(3)
+        (lease,) = await q.lease(max=1, visibility=30)
+        assert (lease.id, lease.body) == (i, b"v2")
+        # leased: not replaced
+        assert await q.send(b"v3", delay=10, key="doc-7", on_duplicate="replace") == i
+        assert (await q.get(i)).body == b"v2"
+        assert (await q.stats()).ready + (await q.stats()).delayed == 0
+
+
+async def test_keys_in_a_batch_are_atomic(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        ids = await q.send_batch([b"a", b"b", b"c", b"d"], keys=["x", None, "x", "y"])
+        assert ids[0] == ids[2] and len(set(ids)) == 3  # the batch's own duplicate
+        again = await q.send_batch([b"e", b"f"], keys=["y", "z"])
+        assert again[0] == ids[3] and again[1] > max(ids)
+        replaced = await q.send_batch(
+            [b"x2", b"y2"], keys=["x", "y"], on_duplicate="replace", delay=5
+        )
+        assert replaced == [ids[0], ids[3]]
+        assert [(await q.get(i)).body for i in replaced] == [b"x2", b"y2"]
+        # a refused batch changes nothing
+        with pytest.raises(ValueError, match="one entry per body"):
+            await q.send_batch([b"a", b"b"], keys=["only-one"])
+        resp = await raw(host, "send", SEND.pack(bodies=[b"a"], keys=["k", "l"]))
+        assert resp.status == 400 and b"one entry per body" in resp.body
+        assert (await q.stats()).keys == 3  # x, y, z
+
+
+# -- groups -------------------------------------------------------------------------------------
+
+
+async def test_a_group_leases_one_message_at_a_time_in_order(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        a = await q.send_batch([b"a1", b"a2", b"a3"], groups=["A"] * 3)
+        b = await q.send_batch([b"b1", b"b2"], groups=["B", "B"])
+        plain = await q.send(b"p")
+        leases = await q.lease(max=10, visibility=30)
+        assert [x.id for x in leases] == [a[0], b[0], plain]  # one per group
+        assert {x.group for x in leases} == {"A", "B", None}
+        assert await q.lease(max=10, visibility=30) == []
+        # a retried head blocks its group until it is done: FIFO with retries
+        assert await q.retry(a[0], 1, delay=20)
+        assert await q.ack(b[0], 1)
+        (nxt,) = await q.lease(max=10, visibility=30)
+        assert nxt.id == b[1]
+        await trio.sleep(21)
+        (again,) = await q.lease(max=10, visibility=30)
+        assert (again.id, again.attempt) == (a[0], 2)
+        assert await q.ack(a[0], 2)
+        (second,) = await q.lease(max=10, visibility=30)
+        assert second.id == a[1]
+        stats = await q.stats()
+        # a2, b2 and p leased; a3 waits behind a2
+        assert stats.groups == 2 and stats.leased == 3 and stats.delayed == 1
+
+
+async def test_a_dead_or_expired_head_lets_its_group_go_on(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        first = await q.send(b"1", group="g", max_attempts=1)
+        second = await q.send(b"2", group="g", expires=100)
+        third = await q.send(b"3", group="g")
+        (lease,) = await q.lease(max=5, visibility=10)
+        assert lease.id == first
+        await trio.sleep(11)  # its only lease ran out: dead
+        (lease,) = await q.lease(max=5, visibility=500)
+        assert lease.id == second
+        await trio.sleep(100)  # expired while leased
+        (lease,) = await q.lease(max=5, visibility=30)
+        assert lease.id == third
+        dead = {d.id: d for d in await q.dead_letters()}
+        assert dead[first].reason == "max attempts exceeded"
+        assert dead[second].reason == "expired" and dead[second].group == "g"
+        assert await q.cancel(third)
+        fourth = await q.send(b"4", group="g")
+        assert [x.id for x in await q.lease(max=5, visibility=30)] == [fourth]
+
+
+async def test_groups_share_leases_fairly(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        for g in "ABC":  # each group's messages sent together, A's first
+            await q.send_batch([f"{g}{i}".encode() for i in range(4)], groups=[g] * 4)
+        order: list[str] = []
+        for _ in range(6):
+            await trio.sleep(1)
+            (lease,) = await q.lease(max=1, visibility=30)
+            order.append(lease.body.decode())
+            assert await q.ack(lease.id, lease.attempt)
+        assert order == ["A0", "B0", "C0", "A1", "B1", "C1"]  # round robin, not A's backlog
+
+
+async def test_redrive_puts_grouped_messages_at_the_end_of_their_group(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        bad = await q.send(b"bad", group="g", key="k")
+        later = await q.send(b"later", group="g")
+        (lease,) = await q.lease(max=5, visibility=30)
+        assert await q.fail(lease.id, lease.attempt, "poison")
+        assert await q.redrive() == 1
+        (lease,) = await q.lease(max=5, visibility=30)
+        assert lease.id == later
+        assert await q.ack(lease.id, lease.attempt)
+        (lease,) = await q.lease(max=5, visibility=30)
+        assert lease.body == b"bad" and lease.id > later and lease.key is None
+        assert bad < later
+
+
+# -- per-message options, fail, workers ----------------------------------------------------------
+
+
+async def test_expiry_and_attempts_per_message(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        t0 = now(host)
+        short = await q.send(b"s", expires=30, max_attempts=2)
+        delayed = await q.send(b"d", delay=100, expires=50)
+        job = await q.get(short)
+        assert job.expires_at == pytest.approx(t0 + 30) and job.max_attempts == 2
+        assert (await q.get(delayed)).max_attempts == 5  # the queue's, resolved
+        (lease,) = await q.lease(max=5, visibility=1)
+        assert await q.retry(lease.id, 1, delay=0.001)
+        await trio.sleep(0.01)
+        (lease,) = await q.lease(max=5, visibility=1)
+        assert lease.attempt == 2
+        await trio.sleep(2)  # its second (last) lease ran out
+        assert (await q.get(short)).state == "dead"
+        await trio.sleep(50)  # the delayed one expired before it was due
+        job = await q.get(delayed)
+        assert job.state == "dead" and job.last_error == "expired"
+        assert job.failed_at == pytest.approx(t0 + 50)
+
+
+async def test_expiry_reaches_the_dead_letters_without_a_caller(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        t0 = now(host)
+        i = await q.send(b"x", expires=60)
+    await trio.sleep(100)
+    async with open_host(app, data_dir):
+        await trio.sleep(1)  # the alarm fires at once after the restart
+        (row,) = table_rows(data_dir, "actorkeep_queue_dead")
+        assert row[0] == i and row[4] >= t0 + 60 and row[5] == "expired"
+
+
+async def test_fail_and_worker_names(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        i = await q.send(b"x", key="k", group="g")
+        await q.lease(max=1, visibility=30, worker="worker-3")
+        job = await q.get(i)
+        assert job.worker == "worker-3" and job.key == "k" and job.group == "g"
+        assert await q.fail(i, 2, "stale attempt") is False
+        assert await q.settle([Bury(i, 1, "cannot parse")]) == [True]
+        job = await q.get(i)
+        assert job.state == "dead" and job.last_error == "cannot parse" and job.attempts == 1
+        (dead,) = await q.dead_letters()
+        assert (dead.worker, dead.key, dead.group, dead.reason) == (
+            "worker-3",
+            "k",
+            "g",
+            "cannot parse",
+        )
+        with pytest.raises(ValueError, match="reason must not be empty"):
+            Fail("")
+        with pytest.raises(ValueError, match="worker"):
+            await q.lease(max=1, visibility=30, worker="w" * 201)
+
+
+async def test_a_consumer_returns_fail(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def poison(actor: ak.Actor, msg: Lease) -> Fail | None:
+        return Fail("poison message") if msg.body == b"bad" else None
+
+    deliveries.behaviour["worker/w"] = poison  # type: ignore[assignment]
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/push")
+        await q.configure(Config(consumer="worker/w"))
+        bad = await q.send(b"bad")
+        await q.send(b"good")
+        await trio.sleep(5)
+        (dead,) = await q.dead_letters()
+        assert (dead.id, dead.reason, dead.attempts, dead.worker) == (
+            bad,
+            "poison message",
+            1,
+            "worker/w",
+        )
+        assert (await q.stats()).ready == 0 and len(deliveries.seen) == 2
+
+
+async def test_bad_options_are_refused_before_any_file(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"keys": [""]}, "key must not be empty"),
+            ({"keys": ["k" * 201]}, "longer than 200"),
+            ({"keys": [5]}, "key must be a str"),
+            ({"groups": "g"}, "groups must be a list"),
+            ({"on_duplicate": "merge"}, "on_duplicate"),
+            ({"remember": -1}, "remember"),
+            ({"expires": 0}, "expires must be at least"),
+            ({"max_attempts": 0}, "max_attempts"),
+        ]
+        for fields, message in cases:
+            resp = await raw(host, "send", SEND.pack(bodies=[b"x"], **fields), "queue/fresh")
+            assert resp.status == 400 and message.encode() in resp.body, (fields, resp.body)
+            with pytest.raises(ValueError, match=message):
+                SEND.frame(bodies=[b"x"], **fields)
+        assert not queue_file(data_dir, "queue/fresh").exists()
+    for outcome in ({"id": 1, "attempt": 1, "op": "fail"}, {"id": 1, "attempt": 1, "op": "x"}):
+        with pytest.raises(ValueError):
+            from actorkeep.wire.queue import outcome_from_wire
+
+            outcome_from_wire(outcome)
+    assert isinstance(Ack(1, 1), Ack) and isinstance(Retry(1, 1), Retry)
+
+
+# -- recurring sends ----------------------------------------------------------------------------
+
+
+async def test_recurring_sends_one_message_per_occurrence(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(anchor=EPOCH)
+    async with open_host(app, data_dir, clock=clock) as host:
+        q = Remote(host, "timed/q")
+        await q.stats()  # opens the queue: its setup declares the schedules
+        assert (await q.stats()).schedules == 2
+        await trio.sleep(35)
+        assert [x.body for x in await q.lease(max=100, visibility=1e6)] == [b"tick"] * 3
+        # A crash after a send, before its schedule moved on, runs the occurrence again:
+        # it must find it sent.
+        advance = Timetable.advance
+        crashes = iter([True])
+
+        def crash_once(self: Timetable, row: Any, after: float | None) -> None:
+            if next(crashes, False):
+                raise OSError("crash before the schedule moved on")
+            advance(self, row, after)
+
+        monkeypatch.setattr(Timetable, "advance", crash_once)
+        await trio.sleep(10)
+        monkeypatch.setattr(Timetable, "advance", advance)
+        await trio.sleep(1)
+        assert [x.body for x in await q.lease(max=100, visibility=1e6)] == [b"tick"]
+    await trio.sleep(3600)  # down for an hour: "once" sends one of each
+    async with open_host(app, data_dir, clock=clock) as host:
+        q = Remote(host, "timed/q")
+        await trio.sleep(1)
+        leases = await q.lease(max=100, visibility=1000)
+        assert sorted(x.body for x in leases) == [b"h", b"tick"]
+        (hourly,) = [x for x in leases if x.body == b"h"]
+        assert hourly.group == "cron"
+    conn = sqlite3.connect(queue_file(data_dir, "timed/q"))
+    marks = dict(conn.execute("SELECT key, sent_due FROM actorkeep_queue_recurring"))
+    conn.close()
+    assert set(marks) == {"tick", "hourly"}
+
+
+def test_recurring_declarations_are_checked() -> None:
+    import queues
+
+    other = ak.App()
+    with pytest.raises(TypeError, match="recurring maps"):
+        other.mount(queues.Queue, "q", recurring={"x": [("tick", "* * * * *")]})
+    with pytest.raises(ValueError, match="repeat a key"):
+        other.mount(
+            queues.Queue,
+            "q",
+            recurring={
+                "x": [
+                    queues.Recurring("a", "* * * * *", b""),
+                    queues.Recurring("a", "0 * * * *", b""),
+                ]
+            },
+        )
+    with pytest.raises(ValueError, match="bad cron"):
+        queues.Recurring("a", "every minute", b"")
+
+
+# -- an old queue file --------------------------------------------------------------------------
+
+
+async def test_a_queue_file_of_the_first_version_is_upgraded(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    path = queue_file(data_dir, "queue/old")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """CREATE TABLE actorkeep_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, visible_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT, priority INTEGER NOT NULL DEFAULT 0, leased INTEGER NOT NULL DEFAULT 0);
+        CREATE INDEX actorkeep_queue_order ON actorkeep_queue (priority DESC, visible_at, id);
+        CREATE TABLE actorkeep_queue_dead (id INTEGER PRIMARY KEY, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL, failed_at REAL NOT NULL,
+        reason TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO actorkeep_queue (body, enqueued_at, visible_at) VALUES (x'6f6c64', 0, 0);"""
+    )
+    conn.commit()
+    conn.close()
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/old")
+        (lease,) = await q.lease(max=5, visibility=30)
+        assert lease.body == b"old"
+        assert await q.send(b"new", key="k", group="g") > lease.id
