@@ -41,7 +41,7 @@ from actorkeep.wire.queue import (
 )
 from actorkeep.wire.queue_checks import MAX_ERROR
 
-from . import schema
+from . import limits, schema
 from .recurring import RECURRING_PREFIX, Recurring, check_recurring
 from .sending import PLAIN, SendOptions, insert, promote
 
@@ -133,8 +133,11 @@ class Queue(ak.Actor):
     async def op_settle(self, a: dict[str, Any]) -> dict[str, Any]:
         outcomes: list[Outcome] = a["outcomes"]
         results, earliest = self.settle(self.now(), outcomes)
-        if earliest is not None and self.cfg.consumer is not None:
-            await self.arm_by(earliest)
+        if self.cfg.consumer is not None:
+            if limits.limited(self.cfg):
+                earliest = self.next_due()  # a lease that ended may let the next one go
+            if earliest is not None:
+                await self.arm_by(earliest)
         return {"results": results}
 
     @wire.queue.EXTEND.handler
@@ -301,7 +304,7 @@ class Queue(ak.Actor):
             await self.arm_by(due)
         self.sql.exec(
             f"INSERT OR REPLACE INTO actorkeep_queue_config (id, {_CONFIG_COLUMNS}) "
-            "VALUES (0, ?, ?, ?, ?, ?, ?, ?)",
+            f"VALUES (0, {', '.join('?' * len(CONFIG_FIELDS))})",
             tuple(w[k] for k in CONFIG_FIELDS),
             durable=True,
         )
@@ -356,8 +359,11 @@ class Queue(ak.Actor):
     ) -> list[Lease]:
         """Lease up to ``n`` visible messages until ``now + visibility`` (``durable``: a gated
         write, for the pull path; push delivery leaves them plain), at most one per group."""
+        cfg = self.cfg
         with self.sql.transaction():
             self.sweep(now)
+            if limits.limited(cfg):
+                n = limits.allowance(self.sql, cfg, now, n)
             rows = self.sql.exec(
                 "SELECT id, attempts, body, enqueued_at, key, grp FROM actorkeep_queue "
                 "WHERE blocked = 0 AND visible_at <= ? "
@@ -365,6 +371,7 @@ class Queue(ak.Actor):
                 (now, n),
             ).fetchall()
             if rows:
+                limits.spend(self.sql, cfg, now, len(rows))
                 update = (
                     "UPDATE actorkeep_queue SET attempts = attempts + 1, leased = 1, "
                     f"visible_at = ?, worker = ? WHERE id IN ({','.join('?' * len(rows))})"
@@ -510,9 +517,13 @@ class Queue(ak.Actor):
         exec_ = self.sql.exec
         times: list[float | None] = []
         if cfg.consumer is not None:
-            times += exec_(
+            (ready,) = exec_(
                 "SELECT MIN(visible_at) FROM actorkeep_queue WHERE blocked = 0"
             ).fetchone()
+            now = self.now()
+            if ready is not None and ready <= now and limits.limited(cfg):
+                ready = limits.next_allowed(self.sql, cfg, now)  # held back by the limits
+            times.append(ready)
         else:
             times += exec_(
                 "SELECT MIN(visible_at) FROM actorkeep_queue "

@@ -53,7 +53,15 @@ SCHEMA = (
         max_attempts INTEGER NOT NULL,
         backoff_base REAL NOT NULL,
         backoff_max REAL NOT NULL,
-        dead_retention REAL)""",
+        dead_retention REAL,
+        max_in_flight INTEGER,
+        rate REAL,
+        burst INTEGER)""",
+    # the token bucket of Config.rate: tokens left at a time
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_bucket (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        tokens REAL NOT NULL,
+        at REAL NOT NULL)""",
     # one send per occurrence of a recurring send: the last occurrence sent, by its key
     """CREATE TABLE IF NOT EXISTS actorkeep_queue_recurring (
         key TEXT PRIMARY KEY,
@@ -76,6 +84,9 @@ INDEXES = (
     "WHERE key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_group ON actorkeep_queue (grp, id) "
     "WHERE grp IS NOT NULL",
+    # the leases in flight (Config.max_in_flight)
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_in_flight ON actorkeep_queue (visible_at) "
+    "WHERE leased = 1",
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_expires ON actorkeep_queue (expires_at) "
     "WHERE expires_at IS NOT NULL",
 )
@@ -92,6 +103,11 @@ _ADDED = {
         ("worker", "TEXT"),
     ),
     "actorkeep_queue_dead": (("key", "TEXT"), ("grp", "TEXT"), ("worker", "TEXT")),
+    "actorkeep_queue_config": (
+        ("max_in_flight", "INTEGER"),
+        ("rate", "REAL"),
+        ("burst", "INTEGER"),
+    ),
 }
 #: Indexes of the first version that later ones replaced.
 _DROPPED = ("actorkeep_queue_order", "actorkeep_queue_visible")

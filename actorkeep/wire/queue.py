@@ -1,25 +1,22 @@
 """The protocol between ``ak.queue.Client`` and ``queues.Queue``, and push delivery's frames.
 
-``POST /actorkeep-queue/v1/<op>``. Its limits, the values its frames carry and the checks of
-each field live here, once; a bad frame is a 400 (docs/reference.md lists every operation).
+``POST /actorkeep-queue/v1/<op>``. Each operation's fields and their checks are declared here,
+once; its limits and field checks are in ``queue_checks``, the values its frames carry in
+``queue_values``. A bad frame is a 400 (docs/reference.md lists every operation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from ..address import split_address
 from . import REQUIRED, Protocol
 from .queue_checks import (
     MAX_ATTEMPTS,
     MAX_BATCH,
-    MAX_ERROR,
     MAX_ID,
     MAX_NAME,
     check_attempt,
     check_bodies,
-    check_error,
     check_id,
     check_ids,
     check_int,
@@ -33,196 +30,19 @@ from .queue_checks import (
     check_str,
     is_number,
 )
-
-State = Literal["ready", "delayed", "leased", "dead"]
-#: What a send with the key of a live message does: keep that message (and answer its id), or
-#: replace its body and push its due time back (debounce), unless it is leased.
-OnDuplicate = Literal["keep", "replace"]
-
-# -- the values frames carry -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A leased message. ``(id, attempt)`` names the lease; ``attempt`` counts from 1.
-    ``key`` and ``group`` are the ones it was sent with."""
-
-    id: int
-    attempt: int
-    body: bytes
-    enqueued_at: float
-    key: str | None = None
-    group: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Outcome: the message is done; delete it if ``(id, attempt)`` is still the lease."""
-
-    id: int
-    attempt: int
-
-    def __post_init__(self) -> None:
-        check_id(self.id)
-        check_attempt(self.attempt)
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """Outcome: make the message visible again after ``delay`` (None: the queue's backoff)."""
-
-    id: int
-    attempt: int
-    delay: float | None = None
-    error: str | None = None
-
-    def __post_init__(self) -> None:
-        check_id(self.id)
-        check_attempt(self.attempt)
-        if self.delay is not None:
-            check_seconds(self.delay, "delay")
-        check_error(self.error)
-
-
-@dataclass(frozen=True, slots=True)
-class Bury:
-    """Outcome: dead-letter the message now, with ``reason``, whatever attempts it has left."""
-
-    id: int
-    attempt: int
-    reason: str
-
-    def __post_init__(self) -> None:
-        check_id(self.id)
-        check_attempt(self.attempt)
-        if not check_str(self.reason, "reason", MAX_ERROR):
-            raise ValueError("reason must not be empty")
-
-
-Outcome = Ack | Retry | Bury
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """Message counts by state; ``oldest_ready_age``: seconds since the oldest ready message
-    was enqueued (None when none is ready)."""
-
-    ready: int
-    delayed: int
-    leased: int
-    dead: int
-    oldest_ready_age: float | None
-    #: live messages sent with a key, and keys remembered after their message was acked
-    keys: int = 0
-    #: message groups with live messages
-    groups: int = 0
-    #: recurring sends declared with the queue
-    schedules: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message moved to the dead-letter table, with why."""
-
-    id: int
-    body: bytes
-    enqueued_at: float
-    attempts: int
-    failed_at: float
-    reason: str
-    key: str | None = None
-    group: str | None = None
-    #: who held its last lease (``lease(worker=...)``)
-    worker: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One message as ``get(id)`` sees it. ``visible_at`` is when a delayed message becomes
-    ready or a lease ends (None for a dead letter); ``failed_at`` is set for a dead letter,
-    whose ``last_error`` is the reason."""
-
-    id: int
-    state: State
-    attempts: int
-    visible_at: float | None
-    last_error: str | None
-    priority: int
-    enqueued_at: float
-    body: bytes
-    failed_at: float | None = None
-    key: str | None = None
-    group: str | None = None
-    #: when it goes to the dead letters as "expired" if not done (None: never)
-    expires_at: float | None = None
-    #: leases it may have (its own, or the queue's)
-    max_attempts: int | None = None
-    #: who holds or last held its lease (``lease(worker=...)``)
-    worker: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """A queue's settings, stored durably in the queue by ``configure``.
-
-    ``consumer``: the address pushed to (None: pull only). ``batch_size``: messages per push.
-    ``visibility``: seconds a pushed batch stays leased. ``max_attempts``: leases before a
-    message is dead-lettered. ``backoff_base``/``backoff_max``: the retry backoff, doubling per
-    attempt with equal jitter. ``dead_retention``: seconds dead letters are kept (None: forever).
-    """
-
-    consumer: str | None = None
-    batch_size: int = 10
-    visibility: float = 30.0
-    max_attempts: int = 5
-    backoff_base: float = 1.0
-    backoff_max: float = 300.0
-    dead_retention: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.consumer is not None:
-            split_address(self.consumer)
-        check_int(self.batch_size, "batch_size", 1, MAX_BATCH)
-        check_positive_seconds(self.visibility, "visibility")
-        check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
-        check_positive_seconds(self.backoff_base, "backoff_base")
-        check_positive_seconds(self.backoff_max, "backoff_max")
-        if self.backoff_max < self.backoff_base:
-            raise ValueError("backoff_max must be at least backoff_base")
-        if self.dead_retention is not None:
-            check_seconds(self.dead_retention, "dead_retention")
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "consumer": self.consumer,
-            "batch_size": self.batch_size,
-            "visibility": float(self.visibility),
-            "max_attempts": self.max_attempts,
-            "backoff_base": float(self.backoff_base),
-            "backoff_max": float(self.backoff_max),
-            "dead_retention": None if self.dead_retention is None else float(self.dead_retention),
-        }
-
-    @classmethod
-    def from_wire(cls, value: Any) -> Config:
-        m = check_map(value, "config", CONFIG_FIELDS)
-        if m.get("consumer") is not None:
-            check_str(m["consumer"], "consumer", 1000)
-        try:
-            return cls(**m)
-        except TypeError as exc:  # a value of the wrong type inside a comparison
-            raise ValueError(f"config: {exc}") from None
-
-
-#: The fields of a ``Config``, in the order of its stored columns.
-CONFIG_FIELDS: Final = (
-    "consumer",
-    "batch_size",
-    "visibility",
-    "max_attempts",
-    "backoff_base",
-    "backoff_max",
-    "dead_retention",
+from .queue_values import (
+    CONFIG_FIELDS,
+    Ack,
+    Bury,
+    Config,
+    DeadLetter,
+    Job,
+    Lease,
+    OnDuplicate,
+    Outcome,
+    Retry,
+    State,
+    Stats,
 )
 
 # -- values on the wire ------------------------------------------------------------------------
@@ -474,3 +294,37 @@ DELIVER: Final = QUEUE.op(
     reply={"outcomes": outcomes_from_wire},
     exact_reply=True,
 )
+
+__all__ = [
+    "CANCEL",
+    "CONFIG",
+    "CONFIGURE",
+    "CONFIG_FIELDS",
+    "DEAD_LETTERS",
+    "DELIVER",
+    "EXTEND",
+    "GET",
+    "LEASE",
+    "QUEUE",
+    "REDRIVE",
+    "SEND",
+    "SETTLE",
+    "STATS",
+    "Ack",
+    "Bury",
+    "Config",
+    "DeadLetter",
+    "Job",
+    "Lease",
+    "OnDuplicate",
+    "Outcome",
+    "Retry",
+    "State",
+    "Stats",
+    "lease_from_wire",
+    "lease_to_wire",
+    "leases_from_wire",
+    "outcome_from_wire",
+    "outcome_to_wire",
+    "outcomes_from_wire",
+]

@@ -22,6 +22,8 @@ MAX_ATTEMPTS: Final = 1_000_000
 #: The shortest visibility or backoff: shorter spans vanish in ``now + span`` (a subnormal
 #: visibility would make a lease visible again at once).
 MIN_SPAN: Final = 0.001
+#: the highest ``Config.rate``, messages per second
+MAX_RATE: Final = 1e6
 #: characters of a message's key or group, and of a worker's name
 MAX_NAME: Final = 200
 
