@@ -417,3 +417,99 @@ async def test_a_queue_file_of_the_first_version_is_upgraded(
         (lease,) = await q.lease(max=5, visibility=30)
         assert lease.body == b"old"
         assert await q.send(b"new", key="k", group="g") > lease.id
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+
+async def test_max_in_flight_caps_pull_leases(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(max_in_flight=3))
+        await q.send_batch([b"%d" % i for i in range(10)])
+        first = await q.lease(max=10, visibility=30)
+        assert len(first) == 3 and await q.lease(max=10, visibility=30) == []
+        assert await q.ack(first[0].id, 1)
+        assert len(await q.lease(max=10, visibility=30)) == 1
+        await trio.sleep(31)  # the leases ran out: no longer in flight
+        assert len(await q.lease(max=10, visibility=30)) == 3
+
+
+async def test_rate_is_a_token_bucket_for_pull_leases(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        await q.configure(Config(rate=2.0, burst=4))
+        await q.send_batch([b"x"] * 40)
+        assert len(await q.lease(max=10, visibility=300)) == 4  # the burst
+        assert await q.lease(max=10, visibility=300) == []
+        await trio.sleep(1.25)
+        assert len(await q.lease(max=10, visibility=300)) == 2  # 2.5 tokens: 2 whole
+        await trio.sleep(0.25)
+        assert len(await q.lease(max=10, visibility=300)) == 1  # the half plus a half
+        await host.restart()  # the bucket is stored: a restart gives no new burst
+        q = Remote(host)
+        assert await q.lease(max=10, visibility=300) == []
+        await trio.sleep(100)
+        assert len(await q.lease(max=10, visibility=300)) == 4  # full again, never more
+
+
+async def test_push_delivery_keeps_to_the_rate(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/push")
+        await q.configure(Config(consumer="worker/w", batch_size=10, rate=5.0, burst=5))
+        t0 = now(host)
+        await q.send_batch([b"x"] * 50)
+        await trio.sleep(20)
+        times = sorted(t - t0 for *_, t in deliveries.seen)
+        assert len(times) == 50
+        # over any span of t seconds, at most burst + rate * t deliveries
+        for i, start in enumerate(times):
+            for j in range(i, len(times)):
+                assert j - i + 1 <= 5 + 5.0 * (times[j] - start) + 1e-9
+        assert times[-1] >= (50 - 5) / 5.0  # and it did not just stop short
+        assert times[-1] < (50 - 5) / 5.0 + 1
+
+
+async def test_push_delivery_keeps_to_max_in_flight(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def slow(actor: ak.Actor, msg: Lease) -> None:
+        await trio.sleep(1)
+
+    deliveries.behaviour["worker/w"] = slow
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/push")
+        await q.configure(Config(consumer="worker/w", batch_size=10, max_in_flight=2))
+        await q.send_batch([b"x"] * 6)
+        for _ in range(6):
+            await trio.sleep(0.5)
+            conn = sqlite3.connect(queue_file(data_dir, "queue/push"))
+            (leased,) = conn.execute(
+                "SELECT COUNT(*) FROM actorkeep_queue WHERE leased = 1 AND visible_at > ?",
+                (now(host),),
+            ).fetchone()
+            conn.close()
+            assert leased <= 2
+            await trio.sleep(1.5)
+        await trio.sleep(30)
+        assert len(deliveries.seen) == 6
+
+
+def test_limits_are_checked() -> None:
+    for kw, message in [
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"rate": 0}, "rate must be"),
+        ({"rate": -1.0}, "rate must be"),
+        ({"rate": float("inf")}, "rate must be"),
+        ({"burst": 3}, "burst goes with rate"),
+        ({"rate": 1.0, "burst": 0}, "burst"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Config(**kw)
+    assert Config(rate=0.5).bucket == 1 and Config(rate=20.0).bucket == 20
