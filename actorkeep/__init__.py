@@ -21,6 +21,7 @@ from .errors import (
     StorageDamaged,
 )
 from .http import Headers, Request, Response
+from .outbox import Outbox, OutboxActor
 from .routing import route, rpc, websocket
 from .runtime.activation import current_actor
 from .runtime.clock import Clock
@@ -44,6 +45,8 @@ __all__ = [
     "Host",
     "HostClosed",
     "Missed",
+    "Outbox",
+    "OutboxActor",
     "OutcomeUnknown",
     "Overloaded",
     "Quarantined",
