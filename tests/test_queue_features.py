@@ -502,14 +502,15 @@ async def test_push_delivery_keeps_to_max_in_flight(
 
 
 def test_limits_are_checked() -> None:
-    for kw, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"rate": 0}, "rate must be"),
         ({"rate": -1.0}, "rate must be"),
         ({"rate": float("inf")}, "rate must be"),
         ({"burst": 3}, "burst goes with rate"),
         ({"rate": 1.0, "burst": 0}, "burst"),
-    ]:
+    ]
+    for kw, message in cases:
         with pytest.raises(ValueError, match=message):
             Config(**kw)
     assert Config(rate=0.5).bucket == 1 and Config(rate=20.0).bucket == 20
