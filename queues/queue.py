@@ -330,11 +330,14 @@ class Queue(ak.Actor):
             # Arm before the insert: a crash between the two leaves an alarm with nothing to
             # do, never a message that waits for an alarm that was never set.
             await self.arm_by(due)
-        sent = insert(self.sql, now, bodies, delay, priority, opts)
+        sent = insert(self.sql, now, bodies, delay, priority, opts, self._expire)
         self.count_metric("queue.sent", sent.new, label=self.address)
         if sent.new < len(bodies):
             self.count_metric("queue.duplicates", len(bodies) - sent.new, label=self.address)
         return sent.ids
+
+    def _expire(self, id_: int) -> None:
+        self._bury("id = ?", (id_,), self.now(), EXPIRED_REASON, force=True)
 
     async def pull_lease(self, n: int, visibility: float, worker: str | None = None) -> list[Lease]:
         """Lease for a pull worker: durable before the lease names leave this event.

@@ -5,6 +5,7 @@ of the same batch too (docs/queues.md)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +53,16 @@ class Sent:
 
 
 def insert(
-    sql: Sql, now: float, bodies: list[bytes], delay: float, priority: int, opts: SendOptions
+    sql: Sql,
+    now: float,
+    bodies: list[bytes],
+    delay: float,
+    priority: int,
+    opts: SendOptions,
+    expire: Callable[[int], None] | None = None,
 ) -> Sent:
-    """Queue ``bodies`` in a gated write (the caller's transaction, if one is open)."""
+    """Queue ``bodies`` in a gated write (the caller's transaction, if one is open).
+    ``expire(id)`` dead-letters a message whose key a send matched but whose time is up."""
     visible_at = now + delay
     expires_at = None if opts.expires is None else now + opts.expires
     if opts.keys is None and opts.groups is None:
@@ -80,7 +88,7 @@ def insert(
     with contextlib.nullcontext() if sql.in_transaction else sql.transaction(durable=True):
         for body, key, group in zip(bodies, keys, groups, strict=True):
             if key is not None:
-                found = _existing(sql, now, key, body, visible_at, opts.on_duplicate)
+                found = _existing(sql, now, key, body, visible_at, opts.on_duplicate, expire)
                 if found is not None:
                     sent.ids.append(found)
                     continue
@@ -104,16 +112,25 @@ def insert(
 
 
 def _existing(
-    sql: Sql, now: float, key: str, body: bytes, visible_at: float, on_duplicate: OnDuplicate
+    sql: Sql,
+    now: float,
+    key: str,
+    body: bytes,
+    visible_at: float,
+    on_duplicate: OnDuplicate,
+    expire: Callable[[int], None] | None,
 ) -> int | None:
     """The id a send with ``key`` answers without queueing a message: the live message with
     that key (its body replaced and its due time pushed back to ``visible_at`` if asked, and
     it is not leased), or the acked one whose key is still remembered. None: queue it."""
     row = sql.exec(
-        "SELECT id, leased, visible_at FROM actorkeep_queue WHERE key = ?", (key,)
+        "SELECT id, leased, visible_at, expires_at FROM actorkeep_queue WHERE key = ?", (key,)
     ).fetchone()
+    if row is not None and row[3] is not None and row[3] <= now and expire is not None:
+        expire(row[0])  # expired, not swept yet: it holds its key no longer
+        row = None
     if row is not None:
-        id_, leased, current = row
+        id_, leased, current, _ = row
         if on_duplicate == "replace" and not (leased and current > now):
             sql.exec(
                 "UPDATE actorkeep_queue SET body = ?, visible_at = MAX(visible_at, ?) WHERE id = ?",

@@ -8,10 +8,11 @@ from .alarms import ALARMS
 from .faults import ALL_FAULTS
 from .kv import KV
 from .queues import QUEUES
+from .queues.features import QUEUE_FEATURES
 from .runner import Scenario, SeedResult
 from .runner import run_seed as run_scenario_seed
 
-SCENARIOS: dict[str, Scenario[Any]] = {s.name: s for s in (KV, ALARMS, QUEUES)}
+SCENARIOS: dict[str, Scenario[Any]] = {s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES)}
 
 
 def scenario_of_bug(bug: str) -> str:
