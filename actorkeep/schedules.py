@@ -165,6 +165,12 @@ class _Row:
 _COLUMNS = "key, due, method, payload, cron, tz, missed"
 
 
+def _schedule(
+    key: str, due: float, method: str, payload: bytes, cron: str | None, tz: str | None, missed: Any
+) -> Schedule:
+    return Schedule(key, method, unpack_counted(payload)[0], due, cron, tz, missed)
+
+
 class Timetable:
     """One actor's schedules and its own alarm, kept on its one alarm (``ctx``'s)."""
 
@@ -244,19 +250,13 @@ class Timetable:
         rows = self._sql.exec(
             f"SELECT {_COLUMNS} FROM {TABLE} WHERE key != ? ORDER BY due, key", (ALARM_KEY,)
         ).fetchall()
-        return [
-            Schedule(key, method, unpack_counted(payload)[0], due, cron, tz, missed)
-            for key, due, method, payload, cron, tz, missed in rows
-        ]
+        return [_schedule(*row) for row in rows]
 
     def get(self, key: str) -> Schedule | None:
         row = self._sql.exec(
             f"SELECT {_COLUMNS} FROM {TABLE} WHERE key = ? AND key != ?", (key, ALARM_KEY)
         ).fetchone()
-        if row is None:
-            return None
-        key, due, method, payload, cron, tz, missed = row
-        return Schedule(key, method, unpack_counted(payload)[0], due, cron, tz, missed)
+        return None if row is None else _schedule(*row)
 
     # -- the alarm ------------------------------------------------------------------------------
 

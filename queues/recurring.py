@@ -10,7 +10,6 @@ exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from actorkeep import Missed, next_cron
 from actorkeep.wire.queue_checks import (
@@ -66,17 +65,4 @@ def check_recurring(value: object) -> dict[str, tuple[Recurring, ...]]:
     return out
 
 
-def schedule_key(recurring: Recurring) -> str:
-    return RECURRING_PREFIX + recurring.key
-
-
-def same_schedule(recurring: Recurring, schedule: Any) -> bool:
-    """Whether the stored schedule already stands for ``recurring`` as declared."""
-    return bool(
-        schedule.cron == recurring.cron
-        and schedule.tz == recurring.tz
-        and schedule.missed == recurring.missed
-    )
-
-
-__all__ = ["RECURRING_PREFIX", "Recurring", "check_recurring", "same_schedule", "schedule_key"]
+__all__ = ["RECURRING_PREFIX", "Recurring", "check_recurring"]
