@@ -20,7 +20,7 @@ from .check import Violation, check_errors
 from .determinism import sub_rng
 from .faults import ALL_FAULTS, FaultDraw, draw_faults
 from .history import History
-from .world import World
+from .world import Stuck, World
 
 P = TypeVar("P")
 
@@ -150,9 +150,16 @@ def run_seed(
     else:
         world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
     world.history.note(f"scenario {summary}")
-    world.run(setup.workload(world))
+    try:
+        world.run(setup.workload(world))
+    except Stuck as exc:
+        # The history so far is still checked: a stuck run often broke something first.
+        world.history.note(f"stuck: {exc}")
+        stuck = [Violation("ends", str(exc))]
+    else:
+        stuck = []
     history = world.history
-    violations = check_errors(history) + setup.check(history)
+    violations = stuck + check_errors(history) + setup.check(history)
     if cluster:
         from .cluster import check_single_owner
 

@@ -60,8 +60,21 @@ class Incarnation:
         self.done = trio.Event()
 
 
+class Stuck(Exception):
+    """The workload did not end within the world's virtual time limit: a deadlock (nothing
+    left to run, nothing to wait for) or a livelock."""
+
+
+#: Virtual seconds a workload may take before the world calls it stuck (``World.time_limit``).
+TIME_LIMIT = 24 * 3600.0
+
+
 class World:
     """One simulated machine running ``app``, fully determined by ``seed``."""
+
+    #: A workload still running after this many virtual seconds raises ``Stuck``: a deadlock
+    #: would otherwise never end (with nothing to wait for, the mock clock has nowhere to jump).
+    time_limit = TIME_LIMIT
 
     def __init__(
         self,
@@ -108,7 +121,7 @@ class World:
         """``trio.run`` the world: start a host, run ``main(world)``, stop the host."""
         with seeded_scheduler(self.seed), quiet_logs():
             return trio.run(
-                self._main,
+                self._bounded,
                 main,
                 clock=trio.testing.MockClock(autojump_threshold=0),
                 instruments=[self.steps],
@@ -126,9 +139,14 @@ class World:
         trio.lowlevel.add_instrument(self.steps)
         try:
             with seeded_scheduler(self.seed), quiet_logs():
-                return await self._main(main)
+                return await self._bounded(main)
         finally:
             trio.lowlevel.remove_instrument(self.steps)
+
+    async def _bounded(self, main: Callable[[World], Awaitable[T]]) -> T:
+        with trio.move_on_after(self.time_limit):
+            return await self._main(main)
+        raise Stuck(f"the workload did not end within {self.time_limit:g} virtual seconds")
 
     async def _main(self, main: Callable[[World], Awaitable[T]]) -> T:
         async with trio.open_nursery() as nursery:

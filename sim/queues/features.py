@@ -14,9 +14,6 @@ The invariants, over the history's operations (real-time order; virtual time):
 - ``rate``: over any span of ``t`` seconds the leases handed out hold at most
   ``burst + rate * t`` messages.
 
-NOT DONE: some seeds (44, 66, 73, 86 and 122 of the first 150) never end (a livelock not
-yet diagnosed, in the queue or in this workload); the scenario is not in ``make test`` yet.
-
 Pull leases are durable before they answer, and so is each lease's spending of the bucket, so
 power loss excuses none of these.
 """
@@ -160,10 +157,15 @@ async def worker(w: World, p: str, plan: FeaturePlan, rng: random.Random) -> Non
 
 
 async def drain(w: World) -> None:
-    for _ in range(400):
+    """Lease and ack until ten leases in a row (five seconds, longer than any visibility,
+    backoff or expiry here) found nothing."""
+    empty = 0
+    while empty < 10:
         leased = await op(w, "drain", "lease", {"max": 10, "visibility": 5.0, "worker": "drain"})
-        for i, attempt, *_ in leased.result if leased.status == "ok" else ():
+        got = leased.result if leased.status == "ok" else []
+        for i, attempt, *_ in got:
             await op(w, "drain", "ack", {"id": i, "attempt": attempt})
+        empty = 0 if got or leased.status != "ok" else empty + 1
         await trio.sleep(0.5)
 
 
@@ -173,14 +175,14 @@ def workload(plan: FeaturePlan, draw: FaultDraw) -> Any:
         await op(w, "setup", "configure", {"config": {**config, "rate": RATE, "burst": BURST}})
         rng = w.rng("feature-workload")
         async with trio.open_nursery() as nursery:
+            # Not cancelled when the clients end: a crash's restart must not be cut short.
             nursery.start_soon(w.timed_faults, w.rng("timed-faults"), draw.timed, 5.0, draw.power_p)
-            async with trio.open_nursery() as clients:
-                for k in range(plan.producers):
-                    clients.start_soon(producer, w, f"p{k}", plan, random.Random(rng.random()))
-                for k in range(plan.workers):
-                    clients.start_soon(worker, w, f"w{k}", plan, random.Random(rng.random()))
-            nursery.cancel_scope.cancel()
+            for k in range(plan.producers):
+                nursery.start_soon(producer, w, f"p{k}", plan, random.Random(rng.random()))
+            for k in range(plan.workers):
+                nursery.start_soon(worker, w, f"w{k}", plan, random.Random(rng.random()))
         w.heal()
+        await w.wait_up()
         await drain(w)
         await op(w, "final", "dead", {})
 
