@@ -173,13 +173,16 @@ class Queue(ak.Actor):
         self.sweep_now(now)
         row = self.sql.exec(
             "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased, "
-            "key, grp, expires_at, max_attempts, worker FROM actorkeep_queue WHERE id = ?",
+            "key, grp, expires_at, max_attempts, worker, blocked FROM actorkeep_queue "
+            "WHERE id = ?",
             (i,),
         ).fetchone()
         if row is not None:
             attempts, visible_at, last_error, priority, enqueued_at, body, leased = row[:7]
-            key, group, expires_at, max_attempts, worker = row[7:]
-            state: State = "ready" if visible_at <= now else "leased" if leased else "delayed"
+            key, group, expires_at, max_attempts, worker, blocked = row[7:]
+            # a message waiting behind its group's head counts as delayed, as in stats()
+            ready = visible_at <= now and not blocked
+            state: State = "ready" if ready else "leased" if leased else "delayed"
             job: dict[str, Any] = {
                 "id": i,
                 "state": state,

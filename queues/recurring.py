@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actorkeep import Missed, next_cron
+from actorkeep.wire.queue import RECURRING_PREFIX
 from actorkeep.wire.queue_checks import (
     MAX_NAME,
     check_body,
@@ -19,9 +20,6 @@ from actorkeep.wire.queue_checks import (
     check_priority,
     check_str,
 )
-
-#: The prefix of the keys of the queue's schedules that stand for recurring sends.
-RECURRING_PREFIX = "recurring:"
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,9 +49,13 @@ def serve(tmp_path: Path, *args: str) -> tuple[Server, str, list[int]]:
         assert resp.status == 200, resp.body
         return json.loads(resp.body)
 
-    ids = call("send", bodies=["first body", "second body", "c", "d", "e"])
+    keys = [None, None, None, "order-4", None]
+    groups = [None, None, "user-7", None, None]
+    ids = call(
+        "send", bodies=["first body", "second body", "c", "d", "e"], keys=keys, groups=groups
+    )
     assert isinstance(ids, list)
-    call("lease", n=2)
+    call("lease", n=2, worker="w-7")
     time.sleep(1.2)  # both leases run out on their one attempt: dead letters
     call("lease", n=1, visibility=600.0)
     call("put", items={"user/1": "ann", "user/2": "bob", "team/1": "x"})
@@ -95,6 +99,9 @@ def test_every_page_loads_and_a_dead_letter_is_redriven_by_clicking(
         dead = page.locator("table").last
         expect(dead).to_contain_text("first body")
         expect(dead).to_contain_text("second body")
+        expect(dead).to_contain_text("w-7")  # who held them
+        expect(page.locator(".cards")).to_contain_text("1keys")
+        expect(page.locator(".cards")).to_contain_text("1groups")
         # One sample a second at most: a look a second later draws a line per state.
         page.wait_for_timeout(1100)
         page.reload()
@@ -115,6 +122,7 @@ def test_every_page_loads_and_a_dead_letter_is_redriven_by_clicking(
         page.get_by_role("button", name="Show").click()
         expect(page.locator("h1")).to_have_text(f"Message {ids[3]}")
         expect(page.locator("table")).to_contain_text("ready")
+        expect(page.locator("table")).to_contain_text("order-4")
         page.get_by_role("link", name="Cancel").click()
         page.get_by_role("button", name="Cancel").click()
         expect(page.locator(".notice")).to_have_text(f"cancelled message {ids[3]}")

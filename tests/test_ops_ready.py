@@ -27,6 +27,7 @@ app.mount(
     "queue",
     allow=["producer"],
     configs={"jobs": ak.queue.Config(max_attempts=1, visibility=1.0)},
+    recurring={"features": [queues.Recurring("nightly", "0 3 * * *", b"report")]},
 )
 app.mount(shards.KVShard, "kv", access="internal", allow=["producer"])
 jobs = ak.queue.Client("queue/jobs")
@@ -36,12 +37,34 @@ store = ak.kv.Client("kv", shards=4)
 @app.actor("producer")
 class Producer(ak.Actor):
     @ak.rpc
-    async def send(self, bodies: list[str]) -> list[int]:
-        return await jobs.send_batch([b.encode() for b in bodies])
+    async def send(
+        self,
+        bodies: list[str],
+        keys: list[str | None] | None = None,
+        groups: list[str | None] | None = None,
+    ) -> list[int]:
+        return await jobs.send_batch([b.encode() for b in bodies], keys=keys, groups=groups)
 
     @ak.rpc
-    async def lease(self, n: int, visibility: float = 1.0) -> list[int]:
-        return [x.id for x in await jobs.lease(n, visibility=visibility)]
+    async def lease(self, n: int, visibility: float = 1.0, worker: str | None = None) -> list[int]:
+        return [x.id for x in await jobs.lease(n, visibility=visibility, worker=worker)]
+
+    @ak.rpc
+    async def features(self) -> list[int]:
+        """queue/features: a keyed message remembered after its ack, two of a group (one
+        leased by w-7), one failed by w-7, one expiring; its one recurring send."""
+        q = ak.queue.Client("queue/features")
+        keyed = await q.send(b"k", key="order-1", remember=3600.0)
+        (lease,) = await q.lease(1, visibility=60.0)
+        await q.ack(lease.id, lease.attempt)
+        first = await q.send(b"g1", group="user-7")
+        second = await q.send(b"g2", group="user-7", max_attempts=9)
+        doomed = await q.send(b"x", key="order-2")
+        late = await q.send(b"late", expires=3600.0)
+        leases = await q.lease(10, visibility=600.0, worker="w-7")
+        assert sorted(x.id for x in leases) == [first, doomed, late]
+        await q.fail(doomed, 1, "card declined")
+        return [keyed, first, second, doomed, late]
 
     @ak.rpc
     async def put(self, items: dict[str, str]) -> None:
@@ -215,6 +238,46 @@ async def test_a_stopped_queue_reads_the_same_and_refuses_writes(tmp_path: Path)
             source.queue_stats("producer/p")
         with pytest.raises(InspectError, match="no queue"):
             source.queue_stats("queue/nope")
+
+
+async def test_keys_groups_workers_and_schedules_show_online_and_offline(tmp_path: Path) -> None:
+    async with open_host(app, data_dir=tmp_path) as host:
+        keyed, first, second, doomed, late = await rpc(host, "producer/p", "features")
+        admin = Admin(host, tmp_path)
+        path = "/api/queues/queue/features"
+        assert (await admin.ask("GET", f"{path}/messages/{keyed}"))[0] == 404  # acked
+        stats = await admin.ok("GET", path)
+        # keys: order-1 remembered; groups: user-7; the recurring send
+        assert (stats["keys"], stats["groups"], stats["schedules"]) == (1, 1, 1)
+        assert (stats["ready"], stats["delayed"], stats["leased"], stats["dead"]) == (0, 1, 2, 1)
+        held = (await admin.ok("GET", f"{path}/messages/{first}"))["message"]
+        assert (held["state"], held["group"], held["worker"]) == ("leased", "user-7", "w-7")
+        waiting = (await admin.ok("GET", f"{path}/messages/{second}"))["message"]
+        assert (waiting["state"], waiting["max_attempts"]) == ("delayed", 9)  # behind its head
+        expiring = (await admin.ok("GET", f"{path}/messages/{late}"))["message"]
+        assert expiring["expires_at"] is not None and expiring["max_attempts"] == 5
+        dead = await admin.ok("GET", f"{path}/dead")
+        (letter,) = dead["items"]
+        assert (letter["id"], letter["key"], letter["worker"]) == (doomed, "order-2", "w-7")
+        online = {i: await admin.ok("GET", f"{path}/messages/{i}") for i in (first, second, doomed)}
+    with open_source(tmp_path, None, None) as source:
+        assert source.queue_stats("queue/features") == stats | {"oldest_ready_age": None}
+        assert source.queue_dead("queue/features", None, 100) == dead
+        for i, answer in online.items():
+            offline = source.queue_get("queue/features", i)
+            if i == first:  # the mount's max_attempts is not in the file: only the message's own
+                assert offline["message"].pop("max_attempts") is None
+                answer["message"].pop("max_attempts")
+            assert offline == answer
+    # the command line says it in words
+    from tests.test_ops import cli
+
+    shown = cli("queue", "stats", "queue/features", "--data", str(tmp_path))
+    assert "keys: 1   groups: 1   recurring sends: 1" in shown.stdout
+    letters = cli("queue", "dead", "queue/features", "--data", str(tmp_path))
+    assert "WORKER" in letters.stdout and "w-7" in letters.stdout
+    message = cli("queue", "get", "queue/features", str(second), "--data", str(tmp_path))
+    assert "user-7" in message.stdout and "max_attempts 9" in " ".join(message.stdout.split())
 
 
 def test_no_app_may_mount_the_operators_class() -> None:

@@ -220,6 +220,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     )
 
 
+def _opt(value: object) -> str:
+    """An optional name (a message's key, group or worker): ``-`` when there is none."""
+    return "-" if value is None else str(value)
+
+
 def _cell(value: object) -> str:
     if value is None:
         return "NULL"
@@ -306,19 +311,30 @@ def _show_queue(answer: dict[str, Any]) -> None:
         print("  " + table(("MESSAGES", "STATE"), counts).replace("\n", "\n  "))
         age = answer["oldest_ready_age"]
         print(f"  oldest ready: {'-' if age is None else f'{age:.1f} s'}")
+        keys, groups, schedules = answer["keys"], answer["groups"], answer["schedules"]
+        print(f"  keys: {keys:,}   groups: {groups:,}   recurring sends: {schedules:,}")
     elif "items" in answer:
         rows = [
-            (d["id"], d["attempts"], when(d["failed_at"]), d["reason"], preview(d["body"]))
+            (
+                d["id"],
+                d["attempts"],
+                when(d["failed_at"]),
+                d["reason"],
+                _opt(d["worker"]),
+                preview(d["body"]),
+            )
             for d in answer["items"]
         ]
-        print(table(("ID", "ATTEMPTS", "FAILED", "REASON", "BODY"), rows))
+        print(table(("ID", "ATTEMPTS", "FAILED", "REASON", "WORKER", "BODY"), rows))
         if answer["next"] is not None:
             print(f"(more: --after {answer['next']})")
     elif "message" in answer:
         m = answer["message"]
         for k in ("id", "state", "attempts", "priority", "last_error"):
             print(f"{k:12} {_cell(m[k])}")
-        for k in ("enqueued_at", "visible_at", "failed_at"):
+        for k in ("max_attempts", "key", "group", "worker"):
+            print(f"{k:12} {_opt(m[k])}")
+        for k in ("enqueued_at", "visible_at", "failed_at", "expires_at"):
             print(f"{k:12} {when(m[k])}")
         print(f"{'body':12} {preview(m['body'], 400)}")
     elif "redriven" in answer:

@@ -115,6 +115,7 @@ class QueuePages:
                 str(d["attempts"]),
                 when(d["failed_at"]),
                 esc(d["reason"]),
+                cell(d["worker"]),
                 blob(d["body"]),
                 button(link(confirm, action="redrive", id=d["id"]), "Redrive"),
             )
@@ -139,6 +140,9 @@ class QueuePages:
                     ("leased", f"{stats['leased']:,}", False),
                     ("dead letters", f"{stats['dead']:,}", stats["dead"] > 0),
                     ("oldest ready", "-" if age is None else f"{age:.1f} s", False),
+                    ("keys", f"{stats['keys']:,}", False),
+                    ("groups", f"{stats['groups']:,}", False),
+                    ("recurring sends", f"{stats['schedules']:,}", False),
                 ]
             )
             + "<h2>Messages by state</h2>"
@@ -148,7 +152,9 @@ class QueuePages:
             + "<input name=id type=number min=1 placeholder=id required>"
             + "<button>Show</button></form>"
             + f"<h2>Dead letters</h2><p>{redrive_all}</p>"
-            + table(("ID", "ATTEMPTS", "FAILED", "REASON", "BODY", ""), rows, numeric=(0, 1))
+            + table(
+                ("ID", "ATTEMPTS", "FAILED", "REASON", "WORKER", "BODY", ""), rows, numeric=(0, 1)
+            )
             + more
         )
         return pages.page(address, "/queues", body, refresh=None if rows else 5)
@@ -165,12 +171,17 @@ class QueuePages:
                 tag(m["state"], "bad" if m["state"] == "dead" else ""),
             ),
             ("attempts", esc(m["attempts"])),
+            ("max attempts", cell(m["max_attempts"])),
             ("priority", esc(m["priority"])),
+            ("key", cell(m["key"])),
+            ("group", cell(m["group"])),
+            ("worker", cell(m["worker"])),
             ("sent", when(m["enqueued_at"])),
             (
                 "visible at" if m["state"] != "dead" else "failed",
                 when(m["visible_at"] or m["failed_at"]),
             ),
+            ("expires", when(m["expires_at"])),
             ("last error", cell(m["last_error"], 400)),
             ("body", blob(m["body"], 2000)),
         ]

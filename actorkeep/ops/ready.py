@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import heapq
 import math
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -228,13 +229,16 @@ def _dead_page(address: str, items: list[dict[str, Any]], limit: int) -> dict[st
 
 # -- a data directory no host serves ----------------------------------------------------------
 
+# Offline reads never write, so a queue file of the first version (without keys, groups and
+# worker names; the queue upgrades it at its next start) is read as it is.
 _STATS_SQL = (
-    "SELECT COALESCE(SUM(visible_at <= :now), 0), "
-    "COALESCE(SUM(visible_at > :now AND leased = 0), 0), "
+    "SELECT COALESCE(SUM(visible_at <= :now AND {unblocked}), 0), "
+    "COALESCE(SUM((visible_at > :now AND leased = 0) OR NOT {unblocked}), 0), "
     "COALESCE(SUM(visible_at > :now AND leased = 1), 0), "
-    "MIN(CASE WHEN visible_at <= :now THEN enqueued_at END), "
-    "(SELECT COUNT(*) FROM actorkeep_queue_dead) FROM actorkeep_queue"
+    "MIN(CASE WHEN visible_at <= :now AND {unblocked} THEN enqueued_at END), "
+    "{keys}, {groups}, (SELECT COUNT(*) FROM actorkeep_queue_dead) FROM actorkeep_queue"
 )
+_MESSAGE_EXTRAS = ("key", "grp", "expires_at", "max_attempts", "worker", "blocked")
 
 
 def _queue_file(actors_root: Path, address: str) -> Path:
@@ -244,22 +248,53 @@ def _queue_file(actors_root: Path, address: str) -> Path:
     return path
 
 
-def _queue_read(actors_root: Path, address: str, sql: str, params: Any) -> list[Any]:
-    def run(conn: Any) -> list[Any]:
-        if not conn.execute(
-            "SELECT 1 FROM sqlite_schema WHERE name = 'actorkeep_queue_dead'"
-        ).fetchone():
-            raise InspectError(f"{address} is not a queue", 404)
-        return list(conn.execute(sql, params).fetchall())
+def _queue_read(actors_root: Path, address: str, run: Callable[[Any, bool], Any]) -> Any:
+    """``run(conn, upgraded)`` on the queue's file, read-only; ``upgraded``: it has the
+    columns of keys, groups and worker names."""
 
-    return inspect.read(_queue_file(actors_root, address), run)
+    def read(conn: Any) -> Any:
+        if not _has_table(conn, "actorkeep_queue_dead"):
+            raise InspectError(f"{address} is not a queue", 404)
+        try:  # (the read-only connection allows no PRAGMA)
+            conn.execute(f"SELECT {', '.join(_MESSAGE_EXTRAS)} FROM actorkeep_queue LIMIT 0")
+        except sqlite3.OperationalError:
+            return run(conn, False)
+        return run(conn, True)
+
+    return inspect.read(_queue_file(actors_root, address), read)
+
+
+def _has_table(conn: Any, name: str) -> bool:
+    found = conn.execute("SELECT 1 FROM sqlite_schema WHERE name = ?", (name,)).fetchone()
+    return found is not None
 
 
 def offline_stats(actors_root: Path, address: str, now: float) -> dict[str, Any]:
     """A stopped queue's counts as stored (a message out of attempts counts where it is
     until the queue moves it to the dead letters)."""
-    sql = _STATS_SQL + ", (SELECT COUNT(*) FROM actorkeep_queue_dead)"
-    ((ready, delayed, leased, oldest, dead),) = _queue_read(actors_root, address, sql, {"now": now})
+
+    def run(conn: Any, upgraded: bool) -> tuple[Any, ...]:
+        if upgraded:
+            remembered = "(SELECT COUNT(*) FROM actorkeep_queue_keys)"
+            sql = _STATS_SQL.format(
+                unblocked="blocked = 0",
+                keys=f"COUNT(key) + {remembered}",
+                groups="COUNT(DISTINCT grp)",
+            )
+        else:
+            sql = _STATS_SQL.format(unblocked="1", keys="0", groups="0")
+        counts = tuple(conn.execute(sql, {"now": now}).fetchone())
+        schedules = 0
+        if _has_table(conn, "actorkeep_schedule"):
+            (schedules,) = conn.execute(
+                "SELECT COUNT(*) FROM actorkeep_schedule WHERE substr(key, 1, ?) = ?",
+                (len(queue_wire.RECURRING_PREFIX), queue_wire.RECURRING_PREFIX),
+            ).fetchone()
+        return (*counts, schedules)
+
+    ready, delayed, leased, oldest, keys, groups, dead, schedules = _queue_read(
+        actors_root, address, run
+    )
     return {
         "queue": address,
         "ready": ready,
@@ -267,38 +302,54 @@ def offline_stats(actors_root: Path, address: str, now: float) -> dict[str, Any]
         "leased": leased,
         "dead": dead,
         "oldest_ready_age": None if oldest is None else max(0.0, now - oldest),
+        "keys": keys,
+        "groups": groups,
+        "schedules": schedules,
     }
 
 
+_DEAD_NAMES = ("id", "body", "enqueued_at", "attempts", "failed_at", "reason")
+
+
 def offline_dead(actors_root: Path, address: str, after: int | None, limit: int) -> dict[str, Any]:
-    rows = _queue_read(
-        actors_root,
-        address,
-        "SELECT id, body, enqueued_at, attempts, failed_at, reason FROM actorkeep_queue_dead "
-        "WHERE id > ? ORDER BY id LIMIT ?",
-        (after or 0, limit + 1),
-    )
-    names = ("id", "body", "enqueued_at", "attempts", "failed_at", "reason")
-    return _dead_page(address, [dict(zip(names, r, strict=True)) for r in rows], limit)
+    def run(conn: Any, upgraded: bool) -> list[dict[str, Any]]:
+        extra = ", key, grp, worker" if upgraded else ", NULL, NULL, NULL"
+        rows = conn.execute(
+            f"SELECT {', '.join(_DEAD_NAMES)}{extra} FROM actorkeep_queue_dead "
+            "WHERE id > ? ORDER BY id LIMIT ?",
+            (after or 0, limit + 1),
+        ).fetchall()
+        names = (*_DEAD_NAMES, "key", "group", "worker")
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    return _dead_page(address, _queue_read(actors_root, address, run), limit)
 
 
 def offline_get(actors_root: Path, address: str, id: int, now: float) -> dict[str, Any]:
-    rows = _queue_read(
-        actors_root,
-        address,
-        "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased, NULL "
-        "FROM actorkeep_queue WHERE id = :id UNION ALL "
-        "SELECT attempts, NULL, reason, priority, enqueued_at, body, NULL, failed_at "
-        "FROM actorkeep_queue_dead WHERE id = :id",
-        {"id": id},
-    )
+    def run(conn: Any, upgraded: bool) -> tuple[list[Any], int | None]:
+        stored = conn.execute("SELECT max_attempts FROM actorkeep_queue_config").fetchone()
+        live = ", ".join(_MESSAGE_EXTRAS) if upgraded else "NULL, NULL, NULL, NULL, NULL, 0"
+        dead = "key, grp, NULL, NULL, worker, 0" if upgraded else "NULL, NULL, NULL, NULL, NULL, 0"
+        return list(
+            conn.execute(
+                "SELECT attempts, visible_at, last_error, priority, enqueued_at, body, leased, "
+                f"NULL, {live} FROM actorkeep_queue WHERE id = :id UNION ALL "
+                "SELECT attempts, NULL, reason, priority, enqueued_at, body, NULL, failed_at, "
+                f"{dead} FROM actorkeep_queue_dead WHERE id = :id",
+                {"id": id},
+            ).fetchall()
+        ), (None if stored is None else stored[0])
+
+    rows, queue_max = _queue_read(actors_root, address, run)
     if not rows:
         raise InspectError(f"no message {id} in {address}", 404)
-    attempts, visible_at, last_error, priority, enqueued_at, body, leased, failed_at = rows[0]
+    attempts, visible_at, last_error, priority, enqueued_at, body, leased, failed_at = rows[0][:8]
+    key, group, expires_at, max_attempts, worker, blocked = rows[0][8:]
     if failed_at is not None:
         state = "dead"
     else:
-        state = "ready" if visible_at <= now else "leased" if leased else "delayed"
+        ready = visible_at <= now and not blocked
+        state = "ready" if ready else "leased" if leased else "delayed"
     message = {
         "id": id,
         "state": state,
@@ -309,6 +360,12 @@ def offline_get(actors_root: Path, address: str, id: int, now: float) -> dict[st
         "enqueued_at": enqueued_at,
         "body": blob(body),
         "failed_at": failed_at,
+        "key": key,
+        "group": group,
+        "expires_at": expires_at,
+        # its own, or the queue's if configure() stored one (a mount's is not in the file)
+        "max_attempts": max_attempts if max_attempts is not None or failed_at else queue_max,
+        "worker": worker,
     }
     return {"queue": address, "message": message}
 

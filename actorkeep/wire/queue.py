@@ -44,6 +44,7 @@ from .queue_values import (
     State,
     Stats,
 )
+from .queue_values import RECURRING_PREFIX as RECURRING_PREFIX
 
 # -- values on the wire ------------------------------------------------------------------------
 
@@ -306,6 +307,7 @@ __all__ = [
     "GET",
     "LEASE",
     "QUEUE",
+    "RECURRING_PREFIX",
     "REDRIVE",
     "SEND",
     "SETTLE",

@@ -27,6 +27,8 @@ State = Literal["ready", "delayed", "leased", "dead"]
 #: What a send with the key of a live message does: keep that message (and answer its id), or
 #: replace its body and push its due time back (debounce), unless it is leased.
 OnDuplicate = Literal["keep", "replace"]
+#: The prefix of the keys of a queue actor's schedules that stand for its recurring sends.
+RECURRING_PREFIX: Final = "recurring:"
 
 # -- the values frames carry -------------------------------------------------------------------
 
