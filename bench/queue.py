@@ -16,6 +16,8 @@ producers vs queues.
    producer that waits for each durable send.
 3. 32 producer actors each sending one durable message at a time, to one queue and spread over
    8 queues: sends per second, both reported (no target).
+4. The queue features of ``bench/queue_features.py``: keyed vs plain sends, leasing from
+   10,000 groups vs an ungrouped queue, and a cron schedule every second for an hour.
 
 Each round opens the host afresh on the same files and runs every actorkeep side, then huey
 (huey first in odd rounds); printed are each side's min / median / max and the ratio of each
@@ -49,6 +51,7 @@ from pathlib import Path
 import trio
 
 import actorkeep as ak
+from bench import queue_features as features
 from bench.driver import call, spread
 from queues import Queue
 from queues.schema import INDEXES, SCHEMA
@@ -326,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{QUEUES} queues {med['eight_queues']:,.0f} sends/s, "
         f"ratio {med['eight_queues'] / med['one_queue']:.2f}x (no target)"
     )
+    features.run(rounds, args.quick)
 
 
 if __name__ == "__main__":

@@ -70,11 +70,13 @@ SCHEMA = (
 )
 
 INDEXES = (
-    # the lease order
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_lease "
-    "ON actorkeep_queue (blocked, priority DESC, visible_at, id)",
+    # the lease order, of the messages that may be leased: a message waiting behind its
+    # group's head has no entry until it becomes the head (one insert, not a move)
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads "
+    "ON actorkeep_queue (priority DESC, visible_at, id) WHERE blocked = 0",
     # the next due time of a push queue
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_due ON actorkeep_queue (blocked, visible_at)",
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads_due ON actorkeep_queue (visible_at) "
+    "WHERE blocked = 0",
     # messages out of the queue's attempts (few): the dead-letter sweep and its due time
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_attempts ON actorkeep_queue (attempts, visible_at)",
     # ... and out of their own
@@ -109,8 +111,13 @@ _ADDED = {
         ("burst", "INTEGER"),
     ),
 }
-#: Indexes of the first version that later ones replaced.
-_DROPPED = ("actorkeep_queue_order", "actorkeep_queue_visible")
+#: Indexes of earlier versions that later ones replaced.
+_DROPPED = (
+    "actorkeep_queue_order",
+    "actorkeep_queue_visible",
+    "actorkeep_queue_lease",
+    "actorkeep_queue_due",
+)
 
 
 def create(sql: Sql) -> None:

@@ -11,8 +11,11 @@ from .queues import QUEUES
 from .queues.features import QUEUE_FEATURES
 from .runner import Scenario, SeedResult
 from .runner import run_seed as run_scenario_seed
+from .schedules import SCHEDULES
 
-SCENARIOS: dict[str, Scenario[Any]] = {s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES)}
+SCENARIOS: dict[str, Scenario[Any]] = {
+    s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES, SCHEDULES)
+}
 
 
 def scenario_of_bug(bug: str) -> str:
