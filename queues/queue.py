@@ -58,6 +58,14 @@ def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
 
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
 EXPIRED_REASON = "expired"
+#: The messages a lease takes, walking the lease order's index. (With an index on (blocked,
+#: visible_at) beside it, SQLite's planner once took that one for the range and sorted every
+#: visible message at each lease; tests/test_queue_features.py checks the plan.)
+LEASE_SQL = (
+    "SELECT id, attempts, body, enqueued_at, key, grp FROM actorkeep_queue "
+    "INDEXED BY actorkeep_queue_heads WHERE blocked = 0 AND visible_at <= ? "
+    "ORDER BY priority DESC, visible_at, id LIMIT ?"
+)
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
 #: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
 #: a busy or recently busy queue pays one fsync, its insert (decision 0008).
@@ -370,14 +378,7 @@ class Queue(ak.Actor):
             self.sweep(now)
             if limits.limited(cfg):
                 n = limits.allowance(self.sql, cfg, now, n)
-            rows = self.sql.exec(
-                # Walk the lease order's index: left to itself, the planner takes the due
-                # index for the range and sorts every visible message at each lease.
-                "SELECT id, attempts, body, enqueued_at, key, grp FROM actorkeep_queue "
-                "INDEXED BY actorkeep_queue_heads WHERE blocked = 0 AND visible_at <= ? "
-                "ORDER BY priority DESC, visible_at, id LIMIT ?",
-                (now, n),
-            ).fetchall()
+            rows = self.sql.exec(LEASE_SQL, (now, n)).fetchall()
             if rows:
                 limits.spend(self.sql, cfg, now, len(rows))
                 update = (

@@ -511,3 +511,35 @@ def test_limits_are_checked() -> None:
         with pytest.raises(ValueError, match=message):
             Config(**kw)
     assert Config(rate=0.5).bucket == 1 and Config(rate=20.0).bucket == 20
+
+
+def test_the_queue_s_hot_statements_use_their_indexes() -> None:
+    """A lease walks the lease index (no sort of every visible message), and a group's next
+    head is found by id (no scan of every waiting message): the plans, on a queue of 10,000
+    messages in 1,000 groups."""
+    from queues.queue import LEASE_SQL
+    from queues.schema import INDEXES, SCHEMA
+    from queues.sending import promote
+
+    conn = sqlite3.connect(":memory:")
+    for statement in SCHEMA + INDEXES:
+        conn.execute(statement)
+    conn.executemany(
+        "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) "
+        "VALUES (x'00', 0, ?, ?, ?)",
+        [(i * 1e-3, f"g{i % 1000}", int(i >= 1000)) for i in range(10_000)],
+    )
+    plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + LEASE_SQL, (5.0, 100)))
+    assert "actorkeep_queue_heads" in plan and "TEMP B-TREE" not in plan, plan
+
+    class Recording:
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+
+        def exec(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+            self.statements.append((sql, params))
+
+    recording = Recording()
+    promote(recording, 1.0, {"g1", "g2"})  # type: ignore[arg-type]
+    ((statement, params),) = recording.statements
+    plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + statement, params))
+    assert "INTEGER PRIMARY KEY" in plan and "actorkeep_queue_heads" not in plan, plan
