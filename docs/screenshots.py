@@ -48,11 +48,17 @@ def main() -> None:
                 call("put", items={f"user/{i}": f"plan=pro;seats={i}" for i in range(8)})
                 # Counts that change between looks: sends, leases that run out, redrives.
                 for step in range(12):
-                    call("send", bodies=bodies[step * 3 : step * 3 + 3])
+                    chunk = range(step * 3, step * 3 + 3)
+                    call(
+                        "send",
+                        bodies=[bodies[i] for i in chunk],
+                        keys=[f"order-{1000 + i}" for i in chunk],
+                        groups=[f"user-{i % 4}" if i % 2 else None for i in chunk],
+                    )
                     if step % 3 == 0:
-                        call("lease", n=2)
+                        call("lease", n=2, worker=f"billing-{step % 2 + 1}")
                     if step == 8:
-                        call("lease", n=1, visibility=600.0)
+                        call("lease", n=1, visibility=600.0, worker="billing-3")
                     page.goto(url + "/queues/queue/jobs")
                     time.sleep(1.1)
                 for name, path in [
@@ -64,6 +70,7 @@ def main() -> None:
                         "actorkeep_queue_dead+LIMIT+5",
                     ),
                     ("queue", "/queues/queue/jobs"),
+                    ("message", "/queues/queue/jobs/messages/8"),
                     ("kv", "/kv?class=kv&shards=4&prefix=user/"),
                 ]:
                     page.goto(url + path)

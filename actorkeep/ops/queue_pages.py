@@ -115,7 +115,7 @@ class QueuePages:
                 str(d["attempts"]),
                 when(d["failed_at"]),
                 esc(d["reason"]),
-                cell(d["worker"]),
+                _opt(d["worker"]),
                 blob(d["body"]),
                 button(link(confirm, action="redrive", id=d["id"]), "Redrive"),
             )
@@ -171,11 +171,11 @@ class QueuePages:
                 tag(m["state"], "bad" if m["state"] == "dead" else ""),
             ),
             ("attempts", esc(m["attempts"])),
-            ("max attempts", cell(m["max_attempts"])),
+            ("max attempts", _opt(m["max_attempts"])),
             ("priority", esc(m["priority"])),
-            ("key", cell(m["key"])),
-            ("group", cell(m["group"])),
-            ("worker", cell(m["worker"])),
+            ("key", _opt(m["key"])),
+            ("group", _opt(m["group"])),
+            ("worker", _opt(m["worker"])),
             ("sent", when(m["enqueued_at"])),
             (
                 "visible at" if m["state"] != "dead" else "failed",
@@ -224,3 +224,8 @@ class QueuePages:
             + f'href="{href("/queues/" + address)}">Back</a></form>'
         )
         return pages.page(f"{verb}?", "/queues", body)
+
+
+def _opt(value: object) -> str:
+    """An optional name or number: ``-`` when there is none."""
+    return "-" if value is None else esc(value)
