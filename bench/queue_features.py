@@ -2,7 +2,8 @@
 
 1. Keyed sends vs plain sends, through ``ak.queue.Client`` from an actor on a real ``Host``
    over ``FileStorage``: ``send_batch`` of 1,000 bodies each with its own key, vs the same
-   without keys, 10 batches per side per round into a fresh queue; and one durable ``send`` at
+   without keys, 20 batches per side per round into a fresh queue (its file made first, not
+   timed); and one durable ``send`` at
    a time, 300 per side. Time per message; target: a keyed send costs at most 1.2x a plain
    one.
 2. Leasing from 10,000 groups of 10 messages vs from an ungrouped queue of the same 100,000
@@ -66,6 +67,7 @@ class Producer(ak.Actor):
         """``count`` ``send_batch`` calls of 1,000 bodies; seconds taken."""
         q = ak.queue.Client(queue)
         bodies = [BODY] * BATCH
+        await q.send(BODY)  # not timed: the queue's file exists
         start = time.perf_counter()
         for b in range(count):
             keys = [f"{queue}-{b}-{i}" for i in range(BATCH)] if keyed else None
@@ -76,6 +78,7 @@ class Producer(ak.Actor):
     async def singles(self, queue: str, n: int, keyed: bool) -> float:
         """``n`` durable sends one at a time; seconds taken."""
         q = ak.queue.Client(queue)
+        await q.send(BODY)  # not timed: the queue's file exists
         start = time.perf_counter()
         for i in range(n):
             await q.send(BODY, key=f"{queue}-{i}" if keyed else None)
@@ -125,7 +128,7 @@ Results = dict[str, list[float]]
 
 async def measure(tmp: Path, r: int, quick: bool, results: Results) -> None:
     """One round of sections 1 and 2 on a host opened afresh on the same directory."""
-    count, singles, drained = (2, 30, 2_000) if quick else (10, 300, 20_000)
+    count, singles, drained = (2, 30, 2_000) if quick else (20, 300, 20_000)
     groups = QUICK_GROUPS if quick else GROUPS
     host = ak.Host(app, ak.FileStorage(tmp / "data"))
     async with host.open():

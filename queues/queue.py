@@ -498,7 +498,8 @@ class Queue(ak.Actor):
             "expires_at IS NOT NULL AND expires_at <= ?", (now,), now, EXPIRED_REASON, force=True
         )
         self._bury(
-            "attempts >= ? AND visible_at <= ? AND max_attempts IS NULL",
+            # ``attempts > 0`` lets SQLite use the partial index of leased-before messages
+            "attempts > 0 AND attempts >= ? AND visible_at <= ? AND max_attempts IS NULL",
             (cfg.max_attempts, now),
             now,
             None,
@@ -536,7 +537,7 @@ class Queue(ak.Actor):
         else:
             times += exec_(
                 "SELECT MIN(visible_at) FROM actorkeep_queue "
-                "WHERE attempts >= ? AND max_attempts IS NULL",
+                "WHERE attempts > 0 AND attempts >= ? AND max_attempts IS NULL",
                 (cfg.max_attempts,),
             ).fetchone()
             times += exec_(

@@ -77,8 +77,10 @@ INDEXES = (
     # the next due time of a push queue
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads_due ON actorkeep_queue (visible_at) "
     "WHERE blocked = 0",
-    # messages out of the queue's attempts (few): the dead-letter sweep and its due time
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_attempts ON actorkeep_queue (attempts, visible_at)",
+    # messages out of the queue's attempts (few): the dead-letter sweep and its due time. Only
+    # messages leased before are in it, so a send and a group's promotion do not touch it.
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_leased_before "
+    "ON actorkeep_queue (attempts, visible_at) WHERE attempts > 0",
     # ... and out of their own
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_own_attempts ON actorkeep_queue (visible_at) "
     "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts",
@@ -117,6 +119,7 @@ _DROPPED = (
     "actorkeep_queue_visible",
     "actorkeep_queue_lease",
     "actorkeep_queue_due",
+    "actorkeep_queue_attempts",
 )
 
 
