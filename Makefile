@@ -47,10 +47,15 @@ system-deps:
 		echo "installing$$missing"; \
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; fi
 
+# The two sweeps run side by side (one core each), then the tests on every core (decision 0025).
 test: $(VENV)/.test-deps lint system-deps
-	$(BIN)/python -m sim --seeds 200 --check-determinism
-	$(BIN)/python -m sim --cluster --seeds 60 --check-determinism
-	$(BIN)/python -m pytest -q
+	@echo "$(BIN)/python -m sim --seeds 200 --check-determinism  (beside the next)"
+	@$(BIN)/python -m sim --seeds 200 --check-determinism > $(VENV)/sim-sweep.log 2>&1 & one=$$!; \
+	echo "$(BIN)/python -m sim --cluster --seeds 60 --check-determinism"; \
+	$(BIN)/python -m sim --cluster --seeds 60 --check-determinism; cluster=$$?; \
+	wait $$one; single=$$?; cat $(VENV)/sim-sweep.log; \
+	test $$single -eq 0 && test $$cluster -eq 0
+	$(BIN)/python -m pytest -q -n auto
 
 bench: $(VENV)/.test-deps system-deps
 	$(BIN)/python bench/rpc.py
