@@ -1,6 +1,7 @@
-"""Sends: one multi-row INSERT, after (for keyed or grouped sends) one lookup of the batch's
-keys and one of its groups in the same transaction, so that a batch is all or nothing and a key
-is checked against the messages of the same batch too (docs/queues.md)."""
+"""Sends: one multi-row INSERT. A keyed batch is tried first as new messages (the unique index
+of live keys refuses a duplicate, and the failed INSERT changes nothing); otherwise the batch's
+keys and groups are looked up in the same transaction, so that a batch is all or nothing and a
+key is checked against the messages of the same batch too (docs/queues.md)."""
 
 from __future__ import annotations
 
