@@ -71,12 +71,10 @@ SCHEMA = (
 
 INDEXES = (
     # the lease order, of the messages that may be leased: a message waiting behind its
-    # group's head has no entry until it becomes the head (one insert, not a move)
+    # group's head has no entry until it becomes the head (one insert, not a move). Push
+    # delivery's next due time is read from it too (queue.earliest_head).
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads "
     "ON actorkeep_queue (priority DESC, visible_at, id) WHERE blocked = 0",
-    # the next due time of a push queue
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads_due ON actorkeep_queue (visible_at) "
-    "WHERE blocked = 0",
     # messages out of the queue's attempts (few): the dead-letter sweep and its due time. Only
     # messages leased before are in it, so a send and a group's promotion do not touch it.
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_leased_before "
@@ -120,6 +118,7 @@ _DROPPED = (
     "actorkeep_queue_lease",
     "actorkeep_queue_due",
     "actorkeep_queue_attempts",
+    "actorkeep_queue_heads_due",
 )
 
 

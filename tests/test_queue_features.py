@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import actorkeep as ak
 from actorkeep.queue import Bury, Config, Fail, Lease
@@ -543,3 +545,39 @@ def test_the_queue_s_hot_statements_use_their_indexes() -> None:
     ((statement, params),) = recording.statements
     plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + statement, params))
     assert "INTEGER PRIMARY KEY" in plan and "actorkeep_queue_heads" not in plan, plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([-(2**31), -7, 0, 1, 5, 2**31 - 1]) | st.integers(-200, 200),
+            st.floats(0, 1e6),
+            st.booleans(),
+        ),
+        max_size=150,
+    )
+)
+def test_push_s_next_due_time_is_the_earliest_leasable_message(
+    rows: list[tuple[int, float, bool]],
+) -> None:
+    """``earliest_head`` seeks once per priority in the lease index (and scans it past 64
+    priorities): the same answer as a scan of every leasable message."""
+    from queues.queue import earliest_head
+    from queues.schema import INDEXES, SCHEMA
+
+    conn = sqlite3.connect(":memory:")
+    for statement in SCHEMA + INDEXES:
+        conn.execute(statement)
+    conn.executemany(
+        "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, blocked) "
+        "VALUES (x'00', 0, ?, ?, ?)",
+        [(v, p, int(b)) for p, v, b in rows],
+    )
+
+    class Sql:
+        def exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+            return conn.execute(sql, params)
+
+    expected = min((v for _, v, b in rows if not b), default=None)
+    assert earliest_head(Sql()) == expected  # type: ignore[arg-type]
