@@ -280,6 +280,36 @@ async def test_keys_groups_workers_and_schedules_show_online_and_offline(tmp_pat
     assert "user-7" in message.stdout and "max_attempts 9" in " ".join(message.stdout.split())
 
 
+async def test_a_stopped_queue_of_the_first_version_reads_offline(tmp_path: Path) -> None:
+    """A queue file no host has upgraded yet (no keys, groups or workers) reads as it is."""
+    import sqlite3
+
+    async with open_host(app, data_dir=tmp_path):
+        pass  # a data directory
+    path = inspect.database_path(tmp_path / "actors", "queue/old")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """CREATE TABLE actorkeep_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, visible_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT, priority INTEGER NOT NULL DEFAULT 0, leased INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE actorkeep_queue_dead (id INTEGER PRIMARY KEY, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL, failed_at REAL NOT NULL,
+        reason TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO actorkeep_queue (body, enqueued_at, visible_at) VALUES (x'6f6c64', 0, 0);
+        INSERT INTO actorkeep_queue_dead VALUES (7, x'64', 0, 5, 1, 'max attempts exceeded', 0);"""
+    )
+    conn.commit()
+    conn.close()
+    with open_source(tmp_path, None, None) as source:
+        stats = source.queue_stats("queue/old")
+        assert (stats["ready"], stats["dead"], stats["keys"], stats["groups"]) == (1, 1, 0, 0)
+        message = source.queue_get("queue/old", 1)["message"]
+        assert (message["state"], message["key"], message["worker"]) == ("ready", None, None)
+        (letter,) = source.queue_dead("queue/old", None, 10)["items"]
+        assert (letter["id"], letter["group"], letter["worker"]) == (7, None, None)
+
+
 def test_no_app_may_mount_the_operators_class() -> None:
     with pytest.raises(ValueError, match="operator"):
         ak.App().mount(queues.Queue, "actorkeep")

@@ -327,7 +327,9 @@ def offline_dead(actors_root: Path, address: str, after: int | None, limit: int)
 
 def offline_get(actors_root: Path, address: str, id: int, now: float) -> dict[str, Any]:
     def run(conn: Any, upgraded: bool) -> tuple[list[Any], int | None]:
-        stored = conn.execute("SELECT max_attempts FROM actorkeep_queue_config").fetchone()
+        stored = None
+        if _has_table(conn, "actorkeep_queue_config"):
+            stored = conn.execute("SELECT max_attempts FROM actorkeep_queue_config").fetchone()
         live = ", ".join(_MESSAGE_EXTRAS) if upgraded else "NULL, NULL, NULL, NULL, NULL, 0"
         dead = "key, grp, NULL, NULL, worker, 0" if upgraded else "NULL, NULL, NULL, NULL, NULL, 0"
         return list(
