@@ -515,35 +515,44 @@ def test_limits_are_checked() -> None:
     assert Config(rate=0.5).bucket == 1 and Config(rate=20.0).bucket == 20
 
 
+class MemoryQueue:
+    """A queue's tables in an in-memory database, with the ``exec`` the queue's helpers call
+    (they take it for the actor's ``Sql``); ``statements`` records what ran."""
+
+    def __init__(self) -> None:
+        from queues.schema import INDEXES, SCHEMA
+
+        self.conn = sqlite3.connect(":memory:")
+        for statement in SCHEMA + INDEXES:
+            self.conn.execute(statement)
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    def exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        self.statements.append((sql, params))
+        return self.conn.execute(sql, params)
+
+    def plan(self, sql: str, params: tuple[Any, ...]) -> str:
+        return " ".join(r[3] for r in self.conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+
+
 def test_the_queue_s_hot_statements_use_their_indexes() -> None:
     """A lease walks the lease index (no sort of every visible message), and a group's next
     head is found by id (no scan of every waiting message): the plans, on a queue of 10,000
     messages in 1,000 groups."""
     from queues.queue import LEASE_SQL
-    from queues.schema import INDEXES, SCHEMA
     from queues.sending import promote
 
-    conn = sqlite3.connect(":memory:")
-    for statement in SCHEMA + INDEXES:
-        conn.execute(statement)
-    conn.executemany(
+    q = MemoryQueue()
+    q.conn.executemany(
         "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) "
         "VALUES (x'00', 0, ?, ?, ?)",
         [(i * 1e-3, f"g{i % 1000}", int(i >= 1000)) for i in range(10_000)],
     )
-    plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + LEASE_SQL, (5.0, 100)))
+    plan = q.plan(LEASE_SQL, (5.0, 100))
     assert "actorkeep_queue_heads" in plan and "TEMP B-TREE" not in plan, plan
-
-    class Recording:
-        statements: list[tuple[str, tuple[Any, ...]]] = []
-
-        def exec(self, sql: str, params: tuple[Any, ...] = ()) -> None:
-            self.statements.append((sql, params))
-
-    recording = Recording()
-    promote(recording, 1.0, {"g1", "g2"})  # type: ignore[arg-type]
-    ((statement, params),) = recording.statements
-    plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + statement, params))
+    promote(q, 1.0, {"g1", "g2"})  # type: ignore[arg-type]
+    ((statement, params),) = q.statements
+    plan = q.plan(statement, params)
     assert "INTEGER PRIMARY KEY" in plan and "actorkeep_queue_heads" not in plan, plan
 
 
@@ -564,20 +573,12 @@ def test_push_s_next_due_time_is_the_earliest_leasable_message(
     """``earliest_head`` seeks once per priority in the lease index (and scans it past 64
     priorities): the same answer as a scan of every leasable message."""
     from queues.queue import earliest_head
-    from queues.schema import INDEXES, SCHEMA
 
-    conn = sqlite3.connect(":memory:")
-    for statement in SCHEMA + INDEXES:
-        conn.execute(statement)
-    conn.executemany(
+    q = MemoryQueue()
+    q.conn.executemany(
         "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, blocked) "
         "VALUES (x'00', 0, ?, ?, ?)",
         [(v, p, int(b)) for p, v, b in rows],
     )
-
-    class Sql:
-        def exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-            return conn.execute(sql, params)
-
     expected = min((v for _, v, b in rows if not b), default=None)
-    assert earliest_head(Sql()) == expected  # type: ignore[arg-type]
+    assert earliest_head(q) == expected  # type: ignore[arg-type]
