@@ -55,7 +55,8 @@ test: $(VENV)/.test-deps lint system-deps
 	$(BIN)/python -m sim --cluster --seeds 60 --check-determinism; cluster=$$?; \
 	wait $$one; single=$$?; cat $(VENV)/sim-sweep.log; \
 	test $$single -eq 0 && test $$cluster -eq 0
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 bench: $(VENV)/.test-deps system-deps
 	$(BIN)/python bench/rpc.py

@@ -21,7 +21,8 @@ from bench.procs import read_rss_kib
 from tests.test_process import COUNTER_APP, serve
 from tests.test_server import H2_PROBES, PREFACE, SETTINGS
 
-pytestmark = pytest.mark.slow
+# They measure how a host copes with its own limits: alone, with no other test's load.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
