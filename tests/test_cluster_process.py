@@ -63,6 +63,23 @@ def first_answer(
         time.sleep(0.05)
 
 
+def increment(servers: list[Server], i: int, deadline: float) -> tuple[int, int]:
+    """One durable increment of ``counter/c<i>``, asked of each host in turn until one
+    acknowledges it: the count it answered, and how many 503 ``OutcomeUnknown`` came first
+    (each may have applied: the host lost its lease, or its commit's answer, while it ran)."""
+    end = time.monotonic() + deadline
+    unknown = 0
+    while True:
+        for server in servers:
+            reply = server.rpc(f"/counter/c{i}/_rpc/incr_durable", {"by": 1})
+            if reply.status == 200:
+                return reply.json(), unknown
+            assert reply.status == 503, reply
+            unknown += reply.json()["error"] == "OutcomeUnknown"
+        assert time.monotonic() < end, f"c{i}: 503 from every host for {deadline} s"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
 def test_acknowledged_durable_writes_move_to_the_surviving_host(
     pg_conninfo: str, tmp_path: Path, stop: str
@@ -73,13 +90,13 @@ def test_acknowledged_durable_writes_move_to_the_surviving_host(
         serve(COUNTER_APP, tmp_path / "b", *args) as b,
     ):
         time.sleep(TTL)  # both hosts alive: each holds about half the partitions
-        acked = {}
+        acked, unknown = {}, dict.fromkeys(range(COUNTERS), 0)
         for _ in range(ROUNDS):
             for i in range(COUNTERS):
-                status, n = first_answer([a, b], f"/counter/c{i}/_rpc/incr_durable", 10, {"by": 1})
-                assert status == 200, n
-                acked[i] = n
-        assert acked == dict.fromkeys(range(COUNTERS), ROUNDS)
+                acked[i], unsure = increment([a, b], i, 10)
+                unknown[i] += unsure
+        for i in range(COUNTERS):
+            assert ROUNDS <= acked[i] <= ROUNDS + unknown[i], (i, acked[i], unknown[i])
         start = time.monotonic()
         if stop == "kill -9":
             a.kill()
@@ -94,8 +111,8 @@ def test_acknowledged_durable_writes_move_to_the_surviving_host(
         print(f"{stop}: every counter served by the other host {took:.2f} s after")
         if stop == "SIGTERM":
             assert took < TTL  # handed over at once, not after the leases expired
-        status, n = first_answer([b], "/counter/c0/_rpc/incr_durable", 5, {"by": 1})
-        assert (status, n) == (200, ROUNDS + 1)  # and it writes on
+        n, unsure = increment([b], 0, 5)
+        assert acked[0] + 1 <= n <= acked[0] + 1 + unsure  # and it writes on
 
 
 def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
@@ -117,9 +134,7 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
         time.sleep(TTL)
         acked = {}
         for i in range(COUNTERS):
-            status, n = first_answer([a, b], f"/counter/c{i}/_rpc/incr_durable", 10, {"by": 1})
-            assert status == 200, n
-            acked[i] = n
+            acked[i], _ = increment([a, b], i, 10)
         mine = [i for i in range(COUNTERS) if owner_port(pg_conninfo, i, [a, b]) == a.port]
         assert mine, "a serves nothing"
         assert len(mine) >= 2, mine
@@ -141,11 +156,9 @@ def test_a_paused_host_answers_nothing_once_its_lease_ran_out(
         a.proc.send_signal(signal.SIGSTOP)  # ...when a stops
         try:
             for i in mine:  # b takes them over once a's leases expire, and writes on
-                status, n = first_answer(
-                    [b], f"/counter/c{i}/_rpc/incr_durable", 4 * TTL, {"by": 1}
-                )
-                assert (status, n) == (200, acked[i] + 1), (i, n)
-                acked[i] += 1
+                n, unsure = increment([b], i, 4 * TTL)
+                assert acked[i] + 1 <= n <= acked[i] + 1 + unsure, (i, n, unsure)
+                acked[i] = n
         finally:
             a.proc.send_signal(signal.SIGCONT)
         slow.join(15)
