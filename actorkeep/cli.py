@@ -25,6 +25,7 @@ from .ops import commands, repair
 from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
 from .ops.cluster_view import ClusterView
 from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
+from .runtime import ring
 from .runtime.host import Host
 from .runtime.sockets import SocketLimits
 from .runtime.storage import DataDirInUse, FileStorage
@@ -69,8 +70,9 @@ FILES_PER_ACTOR = 5
 #: In a cluster, one more: the log reader's descriptor of the WAL (cluster/frames.py).
 CLUSTER_FILES_PER_ACTOR = FILES_PER_ACTOR + 1
 #: Descriptors kept for everything else: the host database and its lock, listeners, the
-#: interpreter's own, a WAL opened for an fsync, the files an app's code opens.
-FILES_RESERVED = 64
+#: interpreter's own, a WAL opened for an fsync in a sync thread, the files an app's code
+#: opens; and the io_uring's (its own four, and a log opened for each fdatasync in flight).
+FILES_RESERVED = 64 + 4 + ring.ENTRIES
 #: When the limit cannot hold both, sockets get at most this share of what is left.
 SOCKET_SHARE = 4
 

@@ -10,7 +10,7 @@ side by side in one run.
 3. One calling actor, one shard: durable puts vs raw ``sqlite3`` autocommit inserts (WAL,
    ``synchronous=FULL``) of the same rows in this thread. Target: >= 0.7x. Beside it, the
    ceiling of any design that keeps the fsync off the event loop: a local put's p50 plus one
-   ``Syncer.run`` of an fdatasync (6.), against the raw insert.
+   fdatasync the host's way (6.: its io_uring, or a sync thread), against the raw insert.
 4. Push delivery fed by 32 producer actors' single durable sends (one push queue, batch 10, a
    consumer actor that acks) vs huey (``SqliteHuey(fsync=True)``, one worker thread) fed by 32
    threads enqueuing one task at a time: the same number of messages, first send to last ack.
@@ -21,12 +21,15 @@ side by side in one run.
    put's p50: what the machine itself gives.
 6. The hand-off to a sync thread: ``Syncer.run`` (the host's sync threads) vs
    ``trio.to_thread.run_sync``, of a function that does nothing and of a write in place +
-   fdatasync: microseconds per call (no target; the sync worker must not cost more).
+   fdatasync, and the same fdatasync through the host's io_uring (decision 0026):
+   microseconds per call (no target; the sync worker must not cost more).
 
 Every side runs once per round, the rounds interleave the sides, and min/median/max over the
 rounds are printed. Files live under ``.bench-tmp/`` in the repository (the project's disk).
 
-    python bench/gates.py [--quick] [--rounds N]
+    python bench/gates.py [--quick] [--rounds N] [--threads]
+
+``--threads``: the host's fdatasyncs go to its sync threads, as on a machine without io_uring.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
 
 import argparse
 import contextlib
+import math
 import sqlite3
 import statistics
 import tempfile
@@ -129,17 +133,25 @@ class Consumer(ak.Actor):
 
 
 class FsyncCounter:
-    """Counts the fdatasync calls of ``FileStorage`` (every durable point goes through it)."""
+    """Counts the fdatasyncs of a ``FileStorage``: those its sync threads call and those its
+    io_uring completed (every durable point goes through one or the other)."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    def __init__(self, files: ak.FileStorage) -> None:
+        self._threads = 0
         self._lock = threading.Lock()
         self._real: Callable[[int], None] = storage._datasync
+        self._files = files
+
+    @property
+    def count(self) -> int:
+        syncer = self._files.syncer
+        ring = None if syncer is None else syncer.ring
+        return self._threads + (0 if ring is None else ring.completed)
 
     def install(self) -> None:
         def counting(fd: int) -> None:
             with self._lock:
-                self.count += 1
+                self._threads += 1
             self._real(fd)
 
         storage._datasync = counting
@@ -355,9 +367,10 @@ def cpu_tail(n: int, micros: float) -> list[float]:
 
 
 async def handoff(syncer: Any, tmp: Path, n: int) -> list[float]:
-    """[Syncer noop, to_thread noop, Syncer fdatasync, to_thread fdatasync], us per call. The
-    fdatasync follows a write of 100 bytes in place (the file keeps its size), as a log that
-    has reached its size is rewritten."""
+    """[Syncer noop, to_thread noop, Syncer fdatasync, to_thread fdatasync, ring fdatasync],
+    us per call (the ring's: nan where there is none). The fdatasync follows a write of 100
+    bytes in place (the file keeps its size), as a log that has reached its size is
+    rewritten."""
     path = tmp / "handoff"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     os.pwrite(fd, bytes(4096), 0)
@@ -378,10 +391,19 @@ async def handoff(syncer: Any, tmp: Path, n: int) -> list[float]:
                 for _ in range(count):
                     await run(fn)
                 out.append((time.perf_counter() - start) / count * 1e6)
+        ring = syncer.ring
+        if ring is None:
+            out.append(float("nan"))
+        else:
+            start = time.perf_counter()
+            for _ in range(n // 4):
+                os.pwrite(fd, BODY, 0)
+                await ring.datasync(fd)
+            out.append((time.perf_counter() - start) / (n // 4) * 1e6)
     finally:
         os.close(fd)
         path.unlink()
-    return [out[0], out[1], out[2], out[3]]
+    return out
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -389,13 +411,16 @@ async def handoff(syncer: Any, tmp: Path, n: int) -> list[float]:
 Results = dict[str, list[float]]
 
 
-async def measure(tmp: Path, rounds: int, quick: bool, results: Results) -> None:
+async def measure(tmp: Path, rounds: int, quick: bool, threads: bool, results: Results) -> None:
     seconds = 0.3 if quick else 3.0
     n_push = 320 if quick else 6400
     n_tail = 1000 if quick else 20_000
-    fsyncs = FsyncCounter()
+    files = ak.FileStorage(tmp / "data")
+    if threads:
+        files.syncer = Syncer(ring=False)
+    fsyncs = FsyncCounter(files)
     fsyncs.install()
-    host = ak.Host(app, ak.FileStorage(tmp / "data"))
+    host = ak.Host(app, files)
     async with host.open():
         # Warm-up: every actor and file exists, registrations are done.
         await one_queue(host, fsyncs, 0.2, -1)
@@ -423,7 +448,7 @@ async def measure(tmp: Path, rounds: int, quick: bool, results: Results) -> None
             results["cpu_p99.9/p50"].append(cpu999 / cpu50)
             syncer = Syncer()
             try:
-                sync_noop, thread_noop, sync_fd, thread_fd = await handoff(
+                sync_noop, thread_noop, sync_fd, thread_fd, ring_fd = await handoff(
                     syncer, tmp, 200 if quick else 2000
                 )
             finally:
@@ -432,12 +457,16 @@ async def measure(tmp: Path, rounds: int, quick: bool, results: Results) -> None
             results["to_thread_noop_us"].append(thread_noop)
             results["syncer_fdatasync_us"].append(sync_fd)
             results["to_thread_fdatasync_us"].append(thread_fd)
+            results["ring_fdatasync_us"].append(ring_fd)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3)")
+    parser.add_argument(
+        "--threads", action="store_true", help="fdatasyncs in sync threads, not the io_uring"
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     keys = (
@@ -445,13 +474,14 @@ def main(argv: list[str] | None = None) -> None:
         "single_durable", "raw_full", "push", "huey", "p50_us", "p99_us", "p99.9_us",
         "raw_p99.9/p50", "cpu_p99.9/p50",
         "syncer_noop_us", "to_thread_noop_us", "syncer_fdatasync_us", "to_thread_fdatasync_us",
+        "ring_fdatasync_us",
     )  # fmt: skip
     results: Results = {k: [] for k in keys}
     load_before = os.getloadavg()[0]
     BENCH_TMP.mkdir(exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(dir=BENCH_TMP, prefix="gates-") as tmp:
-            trio.run(measure, Path(tmp), rounds, args.quick, results)
+            trio.run(measure, Path(tmp), rounds, args.quick, args.threads, results)
             n_push = 320 if args.quick else 6400
             for r in range(rounds):  # huey's consumer wants the main thread, outside trio
                 results["huey"].append(huey_push(Path(tmp), n_push, r))
@@ -478,14 +508,19 @@ def main(argv: list[str] | None = None) -> None:
     ratio("one caller, durable put", "single_durable", "raw_full", TARGETS["single"])
     # What no design with the fsync off the event loop can beat here: the put itself (a local
     # put's p50) plus one hand-off of an fdatasync to a sync thread and back.
-    ceiling = [
-        (1e6 / raw) / (p50 + hop)
-        for raw, p50, hop in zip(
-            results["raw_full"], results["p50_us"], results["syncer_fdatasync_us"], strict=True
+    # The host's own way to an fdatasync: its io_uring where it has one, else a sync thread.
+    hops = [
+        thread if args.threads or math.isnan(ring) else ring
+        for thread, ring in zip(
+            results["syncer_fdatasync_us"], results["ring_fdatasync_us"], strict=True
         )
     ]
+    ceiling = [
+        (1e6 / raw) / (p50 + hop)
+        for raw, p50, hop in zip(results["raw_full"], results["p50_us"], hops, strict=True)
+    ]
     print(
-        "  ceiling here (local put p50 + Syncer.run of an fdatasync, vs raw): "
+        "  ceiling here (local put p50 + the host's fdatasync of a write in place, vs raw): "
         f"{spread(ceiling, 2)}x"
     )
     ratio(f"push fed by {PRODUCERS} producers", "push", "huey", TARGETS["push"])

@@ -121,7 +121,7 @@ class Disk:
 
 
 @pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
+def disk(monkeypatch: pytest.MonkeyPatch, sync_threads: None) -> Iterator[Disk]:
     d = Disk()
     real = storage._datasync
     monkeypatch.setattr(storage, "_datasync", lambda fd: d.datasync(real, fd))
@@ -312,20 +312,25 @@ async def test_many_callers_share_fsyncs(data_dir: Path, disk: Disk) -> None:
         assert 1 <= syncs < 32, syncs  # one per write would be 64
 
 
-def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("syncs", ["ring", "threads"])
+def test_no_fsync_runs_on_the_event_loop(tmp_path: Path, syncs: str) -> None:
     """Every fsync and fdatasync of a host doing local and durable KV puts, queue sends with
-    push delivery, gated alarms, checkpoints and evictions runs in a sync thread: ``strace -f``
-    counts them by thread."""
+    push delivery, gated alarms, checkpoints and evictions runs off the event loop, in a sync
+    thread or in the kernel's workers behind the host's io_uring (whose submissions are all
+    the event loop does): ``strace -f`` counts them by thread."""
     import json
     import shutil
     import subprocess
     import sys
+
+    from actorkeep.runtime.ring import FsyncRing
 
     strace = shutil.which("strace")
     if strace is None:
         if os.environ.get("CI"):
             pytest.fail("strace is missing: make test installs it")
         pytest.skip("needs strace (apt install strace)")
+    ring_here = FsyncRing.open() is not None
     trace = tmp_path / "strace.txt"
     probe = Path(__file__).parent / "apps" / "fsync_probe.py"
     done = subprocess.run(
@@ -333,12 +338,13 @@ def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
             strace,
             "-f",
             "-e",
-            "trace=fsync,fdatasync",
+            "trace=fsync,fdatasync,io_uring_enter",
             "-o",
             str(trace),
             sys.executable,
             str(probe),
             str(tmp_path / "data"),
+            syncs,
         ],
         capture_output=True,
         text=True,
@@ -348,13 +354,25 @@ def test_no_fsync_runs_on_the_event_loop(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     by_thread: dict[int, int] = {}
+    submitted: dict[int, int] = {}
     for line in trace.read_text().splitlines():
         tid, _, call = line.partition(" ")
         if call.lstrip().startswith(("fsync(", "fdatasync(")):
             by_thread[int(tid)] = by_thread.get(int(tid), 0) + 1
+        elif call.lstrip().startswith("io_uring_enter("):
+            submitted[int(tid)] = submitted.get(int(tid), 0) + 1
     assert result["handled"] == 200
-    assert by_thread.get(result["loop_thread"], 0) == 0, by_thread
-    assert sum(by_thread.values()) > 100  # the sync threads did them all
+    loop = result["loop_thread"]
+    assert by_thread.get(loop, 0) == 0, by_thread
+    if syncs == "ring" and ring_here:
+        # The logs' fdatasyncs went through the ring, submitted by the event loop alone; the
+        # sync threads kept the rest (new files and directories, checkpoints, closes).
+        assert result["ring_syncs"] >= 20  # 400 durable writes, group-committed
+        assert set(submitted) == {loop} and submitted[loop] >= result["ring_syncs"], submitted
+        assert sum(by_thread.values()) > 0
+    else:
+        assert result["ring_syncs"] == 0 and submitted == {}
+        assert sum(by_thread.values()) > 100  # the sync threads did them all
     # The busiest log was checkpointed by a sync thread. Its file keeps the largest size the
     # log reached: the bound, plus what the actor wrote while the copy ran (more on a loaded
     # machine).

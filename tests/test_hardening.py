@@ -150,7 +150,10 @@ async def test_two_hosts_cannot_share_a_data_directory(data_dir: Path) -> None:
 
 
 async def test_durable_writes_reach_fdatasync(
-    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    sync_threads: None,
 ) -> None:
     """exec_durable and sync() really flush the WAL, and a new actor's directories once."""
     import actorkeep.runtime.storage as storage

@@ -178,7 +178,7 @@ async def test_files_wal_and_layout(data_dir: Path, autojump_clock: trio.testing
 
 
 async def test_durable_write_does_not_stall_other_actors(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, sync_threads: None
 ) -> None:
     """The fsync of a durable write runs in a worker thread, so the event loop keeps going."""
     fsync_started = threading.Event()

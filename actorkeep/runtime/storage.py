@@ -111,6 +111,7 @@ class FileDatabase:
         self.path = path
         self.where = str(path)
         self._wal = Path(f"{path}-wal")
+        self._wal_path = str(self._wal)
         # Synced once for a new file: the file itself (switching it to WAL wrote its header
         # without a sync), its directory (the WAL is created there) and the parent of every
         # directory created for it.
@@ -155,7 +156,16 @@ class FileDatabase:
             await self._syncer.run(fn, what)
 
     async def sync(self) -> None:
-        await self._run(self._fsync, "sync")
+        syncer = self._syncer
+        ring = None if syncer is None else syncer.ring
+        if ring is None or self._first_sync is not None or self._host_db:
+            await self._run(self._fsync, "sync")
+        else:
+            # The common case, a log's fdatasync, goes through the ring: no thread (0026).
+            try:
+                await syncer.datasync(ring, self._wal_path)  # type: ignore[union-attr]
+            except FileNotFoundError:  # no log: all is in the database file
+                await self._run(self._sync_file, "sync")
         if self._host_db and not self._normal and not self._closed and not self.conn.in_transaction:
             # From the first sync on (the log it writes at open needs no synced header: a log
             # SQLite found valid is appended to, not restarted), the host database's own log

@@ -1,6 +1,10 @@
 """Run a host on real files through writes of every kind, and print (as JSON) the event loop's
-thread id, how many checkpoints ran and the size of the busiest write-ahead log: run under
-``strace -f`` by tests/test_gate.py, which checks that no fsync ran on the event loop."""
+thread id, how many checkpoints ran, the size of the busiest write-ahead log and how many
+fdatasyncs the host's io_uring ran: run under ``strace -f`` by tests/test_gate.py, which checks
+that no fsync ran on the event loop.
+
+    python tests/apps/fsync_probe.py DATA [ring|threads]
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import actorkeep as ak
 import queues
 import shards
 from actorkeep.runtime import storage
+from actorkeep.runtime.syncer import Syncer
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -62,7 +67,7 @@ class Consumer(ak.Actor):
         handled.append(int(msg.body))
 
 
-async def main(data: Path) -> dict[str, Any]:
+async def main(data: Path, syncs: str) -> dict[str, Any]:
     checkpoints = 0
     real = storage.FileDatabase._checkpoint
 
@@ -73,7 +78,10 @@ async def main(data: Path) -> dict[str, Any]:
 
     storage.FileDatabase._checkpoint = counting  # type: ignore[method-assign]
     largest_wal = 0
-    async with open_host(app, data, idle_timeout=0.5) as host:
+    files = ak.FileStorage(data)
+    if syncs == "threads":
+        files.syncer = Syncer(ring=False)
+    async with open_host(app, storage=files, idle_timeout=0.5) as host:
         await host.request("POST", "/writer/w/_rpc/configure", json={})
         for i in range(4000):
             await host.request("POST", "/writer/w/_rpc/local", json={"i": i})
@@ -92,7 +100,9 @@ async def main(data: Path) -> dict[str, Any]:
             while len(set(handled)) < 200:  # noqa: ASYNC110 (the consumer's deliveries)
                 await trio.sleep(0.05)
         await trio.sleep(1.5)  # the timer fires; idle actors are evicted (closed)
+        ring = None if files.syncer is None else files.syncer.ring
     return {
+        "ring_syncs": 0 if ring is None else ring.completed,
         "loop_thread": threading.get_native_id(),
         "checkpoints": checkpoints,
         "largest_wal": largest_wal,
@@ -102,4 +112,4 @@ async def main(data: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(trio.run(main, Path(sys.argv[1]))))
+    print(json.dumps(trio.run(main, Path(sys.argv[1]), sys.argv[2] if sys.argv[2:] else "ring")))
