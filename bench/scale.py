@@ -144,6 +144,9 @@ class _BulkDatabase:
             self.conn.close()
             raise
 
+    def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
+        return False
+
     async def sync(self) -> None:
         """Nothing: the bulk load ends with one ``sync(2)``."""
 

@@ -99,6 +99,10 @@ class SimDatabase:
         if self.closed:
             raise sqlite3.ProgrammingError(f"{self.key}: the database is closed")
 
+    def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
+        """Never: the gate's task awaits ``sync()`` (its virtual delay needs a task)."""
+        return False
+
     async def sync(self) -> None:
         """Snapshot the committed state now; it becomes durable when the fsync ends. (A sync
         of a connection closed since still syncs the file, as an fsync of its path would.)"""

@@ -483,6 +483,8 @@ async def test_a_sync_that_says_why_it_failed_answers_503_with_that(
         await real(db)
 
     monkeypatch.setattr(FileDatabase, "sync", sync)
+    # As a cluster's database: every sync awaited by the gate's task (no start_sync).
+    monkeypatch.setattr(FileDatabase, "start_sync", lambda db, done: False)
     async with open_host(app, data_dir, debug=False) as host:
         await warm(host, "ledger/a")
         armed.append(True)

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import actorkeep as ak
-from actorkeep.runtime.ring import FsyncRing
+from actorkeep.runtime.ring import Done, FsyncRing
 from actorkeep.testing import open_host
 
 pytestmark = pytest.mark.skipif(FsyncRing.open() is None, reason="no io_uring on this machine")
@@ -168,15 +168,19 @@ async def test_a_host_syncs_its_actors_logs_through_the_ring(
     """Gated and awaited writes are answered only after the ring synced the actor's log."""
     synced: list[str] = []
     replies: list[int] = []
-    real = FsyncRing.datasync
+    real = FsyncRing.submit
 
-    async def recording(self: FsyncRing, target: int | str) -> None:
-        await real(self, target)
+    def recording(self: FsyncRing, target: int | str, done: Done) -> None:
         assert isinstance(target, str)  # the log, by its path
-        synced.append(os.path.basename(target))
-        assert replies == [], "a reply left before its sync ended"
 
-    monkeypatch.setattr(FsyncRing, "datasync", recording)
+        def ended(error: OSError | None) -> None:
+            assert error is None and replies == [], "a reply left before its sync ended"
+            synced.append(os.path.basename(target))
+            done(error)
+
+        real(self, target, ended)
+
+    monkeypatch.setattr(FsyncRing, "submit", recording)
     async with open_host(app, data_dir) as host:
         await host.request("POST", "/ledger/a/_rpc/gated", json={"x": 0})
         await trio.sleep(0.3)  # its registration ends (a new file's first sync is in a thread)

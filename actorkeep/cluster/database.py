@@ -131,6 +131,10 @@ class ClusterDatabase:
         self._replica.expect_restart()
         await self._inner.checkpoint()
 
+    def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
+        """Never: a sync ships frames to the store, which takes awaits before it starts."""
+        return False
+
     async def sync(self) -> None:
         # One at a time (the gate's and a checkpoint's), so that batches land in order; and
         # after one failed, none: a batch that may be missing would leave a hole under the

@@ -4,7 +4,7 @@ write durable. storage.py has the production backend, sim/storage.py the simulat
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 
@@ -19,6 +19,11 @@ class Database(Protocol):
 
     async def sync(self) -> None:
         """Make every write committed so far durable (survive power loss)."""
+
+    def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
+        """Start a sync of every write committed so far, now, without a task of its own, and
+        call ``done(None)`` or ``done(error)`` on the trio thread once it ended (never from
+        inside this call). False: nothing started, the caller awaits ``sync()`` instead."""
 
     #: ``conn.total_changes`` from which ``checkpoint_due()`` is worth asking (the host
     #: compares after every event).

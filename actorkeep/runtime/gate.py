@@ -181,9 +181,26 @@ class Gate:
             raise self.error()
 
     def _start(self) -> None:
+        """A sync of every write so far, now: started by the database itself where it can
+        (no task: its end calls ``_synced``), else by a task that awaits it."""
         if self.failed is None:
             self.syncing = True
-            self._spawn(self._drive)
+            point = self.seq
+            if not self._db.start_sync(lambda error: self._synced(point, error)):
+                self._spawn(self._drive)
+
+    def _synced(self, point: int, error: BaseException | None) -> None:
+        """A sync the database started ended: what it covered is durable (or refused), and
+        the next starts at once if more is waiting."""
+        if error is not None:
+            self.syncing = False
+            self._fail(error)
+            return
+        self._reach(point)
+        if self.durable < self.seq and self.failed is None:
+            self._start()
+        else:
+            self.syncing = False
 
     async def _drive(self) -> None:
         try:
@@ -194,14 +211,17 @@ class Gate:
                 except Exception as exc:
                     self._fail(exc)
                     return
-                self.durable = point
-                self.closed = self.gated > point and self._closes()
-                self._reached(point)
+                self._reach(point)
         except BaseException:  # cancelled: the host is closing with syncs still running
             self._abandon()
             raise
         finally:
             self.syncing = False
+
+    def _reach(self, point: int) -> None:
+        self.durable = point
+        self.closed = self.gated > point and self._closes()
+        self._reached(point)
 
     def _reached(self, point: int) -> None:
         held = self._held

@@ -24,12 +24,13 @@ import platform
 import struct
 import sys
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import outcome
 import structlog
 import trio
-from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
+from trio.lowlevel import Abort, current_task, reschedule, wait_task_rescheduled
 
 log = structlog.get_logger("actorkeep")
 
@@ -51,6 +52,10 @@ _PARAMS = 120  # sizeof(struct io_uring_params)
 _SQE = struct.Struct("<BBHiQQIIQ24x")  # opcode, flags, ioprio, fd, off, addr, len, flags, data
 _CQE = struct.Struct("<QiI")  # user_data, res, flags
 _U32 = struct.Struct("<I")
+
+
+#: Called with None once an fdatasync ended, or with its error.
+Done = Callable[[OSError | None], None]
 
 
 def _cannot_abort(_: Any) -> Abort:
@@ -89,11 +94,14 @@ class FsyncRing:
             code = ctypes.get_errno()
             os.close(self.eventfd)
             raise OSError(code, f"io_uring_register(EVENTFD): {os.strerror(code)}")
-        #: user_data -> the task waiting for it, and the descriptor to close after it (a sync
-        #: by path) or -1.
-        self._waiting: dict[int, tuple[Task, int]] = {}
-        #: (fd or path, task): waiting for a free slot.
-        self._queued: deque[tuple[int | str, Task]] = deque()
+        #: user_data -> what to call with the outcome, and the descriptor to close after it
+        #: (a sync by path) or -1.
+        self._waiting: dict[int, tuple[Done, int]] = {}
+        #: (fd or path, done): waiting for a free slot.
+        self._queued: deque[tuple[int | str, Done]] = deque()
+        #: Outcomes known at submission (a path that cannot be opened): handed on by the
+        #: reaper, never from inside ``submit``.
+        self._early: list[tuple[Done, OSError]] = []
         self._next = 1
         self._reaper: trio.lowlevel.TrioToken | None = None  # the run whose reaper task runs
         self._closed = False
@@ -128,31 +136,38 @@ class FsyncRing:
         """fdatasync of ``target``, a descriptor or a file's path, run by the kernel; returns
         once it ended, raises its ``OSError`` (a path: ``FileNotFoundError`` if there is no
         such file). Not cancellable: a cancelled caller still waits for the end (an
-        fdatasync cannot be undone). A descriptor must stay open until then; a path is
-        opened only once a slot is free, and closed at the end."""
+        fdatasync cannot be undone)."""
+        task = current_task()
+        self.submit(target, lambda error: reschedule(task, outcome.Value(error)))
+        error = await wait_task_rescheduled(_cannot_abort)
+        if error is not None:
+            raise error
+
+    def submit(self, target: int | str, done: Done) -> None:
+        """Start the fdatasync of ``target`` (a descriptor, which must stay open until the
+        end, or a file's path, opened only once a slot is free and closed at the end); call
+        ``done(None)`` or ``done(error)`` on the trio thread once it ended, from the ring's
+        reaper task (never from here)."""
         if self._closed:
             raise trio.ClosedResourceError("the ring is closed")
         token = trio.lowlevel.current_trio_token()
         if self._reaper is not token:
             self._reaper = token
             trio.lowlevel.spawn_system_task(self._reap, name="actorkeep fsync ring")
-        task = current_task()
         if len(self._waiting) < self._slots:
-            self._submit(target, task)
+            self._submit(target, done)
         else:
-            self._queued.append((target, task))
-        result = await wait_task_rescheduled(_cannot_abort)
-        if result < 0:
-            raise OSError(-result, f"fdatasync: {os.strerror(-result)}")
+            self._queued.append((target, done))
 
-    def _submit(self, target: int | str, task: Task) -> None:
+    def _submit(self, target: int | str, done: Done) -> None:
         if isinstance(target, int):
             fd, owned = target, -1
         else:
             try:
                 fd = owned = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                reschedule(task, outcome.Error(exc))
+                self._early.append((done, exc))
+                os.eventfd_write(self.eventfd, 1)  # the reaper hands it on
                 return
         data = self._next
         self._next += 1
@@ -163,23 +178,21 @@ class FsyncRing:
                        _FSYNC_DATASYNC, data)  # fmt: skip
         _U32.pack_into(rings, self._sq_array + slot * 4, slot)
         _U32.pack_into(rings, self._sq_tail, tail + 1)  # x86_64: stores are seen in order
-        self._waiting[data] = (task, owned)
-        while (done := self._syscall(_ENTER, self._fd, 1, 0, 0, None, 0)) < 0:
+        self._waiting[data] = (done, owned)
+        while (entered := self._syscall(_ENTER, self._fd, 1, 0, 0, None, 0)) < 0:
             code = ctypes.get_errno()
             if code == errno.EINTR:
                 continue
             # Not submitted (EAGAIN/EBUSY are not expected with free slots): take the entry
             # back and fail this one caller.
             _U32.pack_into(rings, self._sq_tail, tail)
-            self._finish(data, -code)
+            del self._waiting[data]
+            if owned >= 0:
+                os.close(owned)
+            self._early.append((done, OSError(code, f"io_uring_enter: {os.strerror(code)}")))
+            os.eventfd_write(self.eventfd, 1)
             return
-        assert done == 1, done
-
-    def _finish(self, data: int, res: int) -> None:
-        task, owned = self._waiting.pop(data)
-        if owned >= 0:
-            os.close(owned)
-        reschedule(task, outcome.Value(res))
+        assert entered == 1, entered
 
     async def _reap(self) -> None:
         """The run's reaper: wake each task whose fdatasync completed, until ``close()``."""
@@ -199,23 +212,39 @@ class FsyncRing:
         rings = self._rings
         head = _U32.unpack_from(rings, self._cq_head)[0]
         tail = _U32.unpack_from(rings, self._cq_tail)[0]  # x86_64: the entries are in place
+        ended: list[tuple[Done, OSError | None]] = []
         while head != tail:
             data, res, _ = _CQE.unpack_from(rings, self._cqes + (head & self._cq_mask) * _CQE.size)
             head += 1
-            if data in self._waiting:
-                self.completed += 1
-                self._finish(data, res)
+            entry = self._waiting.pop(data, None)
+            if entry is None:
+                continue
+            done, owned = entry
+            if owned >= 0:
+                os.close(owned)
+            self.completed += 1
+            ended.append(
+                (done, None if res >= 0 else OSError(-res, f"fdatasync: {os.strerror(-res)}"))
+            )
         _U32.pack_into(rings, self._cq_head, head)
+        if self._early:
+            ended.extend(self._early)
+            self._early = []
         queued = self._queued
         while queued and len(self._waiting) < self._slots:
             self._submit(*queued.popleft())
+        for done, error in ended:
+            try:
+                done(error)
+            except Exception as exc:  # the host's bookkeeping: never the run's end
+                log.error("a step after an fdatasync failed", error=repr(exc))
 
     def close(self) -> None:
         """Wait for every fdatasync given so far (blocking, as the sync threads' close does),
         hand each its outcome, then release the ring."""
         if self._closed:
             return
-        while self._waiting or self._queued:
+        while self._waiting or self._queued or self._early:
             self._harvest()  # submits what was queued, as slots free up
             if self._waiting:
                 self._syscall(_ENTER, self._fd, 0, 1, _ENTER_GETEVENTS, None, 0)

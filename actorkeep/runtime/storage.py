@@ -39,7 +39,7 @@ from .damage import (
 )
 from .dirlock import DataDirInUse, lock_data_dir
 from .files import actor_files, delete_database
-from .syncer import Syncer
+from .syncer import Done, Syncer, started_and_ended
 
 __all__ = [
     "IDENTITY_TABLE",
@@ -155,17 +155,31 @@ class FileDatabase:
         else:
             await self._syncer.run(fn, what)
 
-    async def sync(self) -> None:
+    def start_sync(self, done: Done) -> bool:
+        """Start a sync of every write committed so far, now, and call ``done(None)`` or
+        ``done(error)`` on the trio thread once it ended; False (nothing started) for the
+        host database and without sync threads, whose syncs are awaited (``sync``)."""
         syncer = self._syncer
-        ring = None if syncer is None else syncer.ring
-        if ring is None or self._first_sync is not None or self._host_db:
+        if syncer is None or self._host_db:
+            return False
+        ring = syncer.ring
+        if ring is None or self._first_sync is not None:
+            syncer.start(self._fsync, done)
+            return True
+
+        # The common case, a log's fdatasync, goes through the ring: no thread (0026).
+        def ended(error: OSError | None) -> None:
+            if isinstance(error, FileNotFoundError):  # no log: all is in the database file
+                syncer.start(self._sync_file, done)
+            else:
+                done(error)
+
+        syncer.start_datasync(ring, self._wal_path, ended)
+        return True
+
+    async def sync(self) -> None:
+        if not await started_and_ended(self.start_sync):
             await self._run(self._fsync, "sync")
-        else:
-            # The common case, a log's fdatasync, goes through the ring: no thread (0026).
-            try:
-                await syncer.datasync(ring, self._wal_path)  # type: ignore[union-attr]
-            except FileNotFoundError:  # no log: all is in the database file
-                await self._run(self._sync_file, "sync")
         if self._host_db and not self._normal and not self._closed and not self.conn.in_transaction:
             # From the first sync on (the log it writes at open needs no synced header: a log
             # SQLite found valid is appended to, not restarted), the host database's own log

@@ -22,6 +22,7 @@ import structlog
 import trio
 from trio.lowlevel import Abort, Task, TrioToken, current_task, reschedule, wait_task_rescheduled
 
+from .ring import Done as RingDone
 from .ring import FsyncRing
 from .stats import Histogram
 
@@ -32,9 +33,12 @@ SYNC_THREADS = 4
 
 T = TypeVar("T")
 
+#: Called on the trio thread once a sync ended: with None, or with its error.
+Done = Callable[[BaseException | None], None]
+
 #: ``(fn, then, what)``: ``then`` is the task waiting for ``fn``'s outcome, or a function to
-#: call on the trio thread once ``fn`` has run, or None.
-_Job = tuple[Callable[[], Any], Task | Callable[[], None] | None, str]
+#: call on the trio thread with ``fn``'s error or None once it has run (``_Then``), or None.
+_Job = tuple[Callable[[], Any], "Task | _Then | None", str]
 
 
 def _cannot_abort(_: Any) -> Abort:
@@ -65,12 +69,23 @@ class Syncer:
             self._ring = FsyncRing.open()
         return self._ring
 
-    async def datasync(self, ring: FsyncRing, path: str) -> None:
-        """fdatasync of the file at ``path`` through ``ring`` (this syncer's), timed with the
-        threads' syncs. Not cancellable, like ``run``."""
+    def start_datasync(self, ring: FsyncRing, path: str, done: RingDone) -> None:
+        """Start the fdatasync of the file at ``path`` through ``ring`` (this syncer's), timed
+        with the threads' syncs; ``done`` as ``FsyncRing.submit`` calls it."""
         started = time.perf_counter()  # a real fsync's duration: the simulator has no ring
-        await ring.datasync(path)
-        self.sync_times[-1].observe(time.perf_counter() - started)
+        times = self.sync_times[-1]
+
+        def ended(error: OSError | None) -> None:
+            times.observe(time.perf_counter() - started)
+            done(error)
+
+        ring.submit(path, ended)
+
+    def start(self, fn: Callable[[], object], done: Done, what: str = "sync") -> None:
+        """``fn()`` in a sync thread, now; then ``done(None)`` or ``done(error)`` on the trio
+        thread. Inside a trio run only."""
+        self._ensure()
+        self._jobs.put((fn, _Then(done), what))
 
     def _ensure(self) -> None:
         """Threads running, answering to the current trio run (``RuntimeError`` outside one)."""
@@ -109,7 +124,7 @@ class Syncer:
                 if done is not None:
                     done()
             return
-        self._jobs.put((fn, done, what))
+        self._jobs.put((fn, _Then(_logged(what, done)), what))
 
     def syncs(self) -> Histogram:
         """The durations of every sync so far, all threads together."""
@@ -128,16 +143,13 @@ class Syncer:
                 times.observe(time.perf_counter() - started)
             token = self._token
             assert token is not None
-            if not isinstance(then, Task):
-                if isinstance(result, outcome.Error):
-                    log.error("storage job failed", job=what, error=repr(result.error))
-                if then is not None:
-                    with contextlib.suppress(trio.RunFinishedError):
-                        token.run_sync_soon(then)
-                continue
             # RunFinishedError: the run ended while the job ran, so nobody waits for it.
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(reschedule, then, result)
+                if isinstance(then, Task):
+                    token.run_sync_soon(reschedule, then, result)
+                elif then is not None:
+                    error = result.error if isinstance(result, outcome.Error) else None
+                    token.run_sync_soon(then, error)
 
     def close(self) -> None:
         """Run every job given so far, then stop the threads (blocks until they end)."""
@@ -151,3 +163,43 @@ class Syncer:
             self._ring.close()
             self._ring = None
             self._use_ring = True  # a later run opens a new one
+
+
+async def started_and_ended(start: Callable[[Done], bool]) -> bool:
+    """``start(done)``, then until ``done`` is called (raising the error it is given); False
+    at once if ``start`` started nothing. Not cancellable, like ``Syncer.run``."""
+    task = current_task()
+    if not start(lambda error: reschedule(task, outcome.Value(error))):
+        return False
+    error = await wait_task_rescheduled(_cannot_abort)
+    if error is not None:
+        raise error
+    return True
+
+
+class _Then:
+    """What runs on the trio thread after a job: ``done(error or None)``. An exception from
+    it is logged: it must never end the trio run (``run_sync_soon`` would)."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, done: Done) -> None:
+        self._done = done
+
+    def __call__(self, error: BaseException | None) -> None:
+        try:
+            self._done(error)
+        except Exception as exc:
+            log.error("a step after a storage job failed", error=repr(exc))
+
+
+def _logged(what: str, done: Callable[[], None] | None) -> Done:
+    """A job nobody waits for: its failure is logged, then ``done()``."""
+
+    def then(error: BaseException | None) -> None:
+        if error is not None:
+            log.error("storage job failed", job=what, error=repr(error))
+        if done is not None:
+            done()
+
+    return then
