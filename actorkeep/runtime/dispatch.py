@@ -399,7 +399,9 @@ class Dispatcher:
 
     async def _run(self, act: Activation, ev: Event) -> outcome.Outcome[Response]:
         try:
-            inst = await self.open_instance(act)
+            inst = act.instance  # in memory already: no coroutine to open it (the common case)
+            if inst is None:
+                inst = await self.open_instance(act)
         except Exception as exc:
             # Overloaded: the storage cannot open the actor here now (in a cluster: another
             # host serves its partition, or none yet). Out of descriptors, likewise for now.
