@@ -12,6 +12,7 @@ from .http import Response
 
 if TYPE_CHECKING:
     from .context import ActorContext
+    from .routing import Operation
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -41,6 +42,19 @@ class ActorsClient:
         Any other outcome, errors included, is returned as a ``Response``.
         """
         return self._ctx.call(address, method, path, body, headers, timeout)
+
+    def call_op(
+        self,
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Coroutine[Any, Any, Response]:
+        """Call an operation of a ready class's protocol (``actorkeep.wire``) with ``values``
+        as its frame: the SDK clients' way (``ak.kv``, ``ak.queue``). The same rules and
+        errors as ``call`` to ``POST op.path`` with the packed frame; within the host the
+        frame and the reply go as values, without msgpack (``op.result`` reads either)."""
+        return self._ctx.call_op(address, op, values, timeout)
 
     def ref(self, address: str, timeout: float | None = DEFAULT_TIMEOUT) -> ActorRef:
         """A handle whose attributes call the ``@rpc`` methods of the actor at ``address``."""

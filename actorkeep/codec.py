@@ -92,6 +92,45 @@ def copy_args(args: dict[str, Any]) -> dict[str, Any]:
     return unpack(pack(args))  # type: ignore[no-any-return]
 
 
+#: ``copy_value`` copies maps and lists this deep itself; deeper values take the round trip.
+_COPY_DEPTH = 4
+
+
+class _NotPlain(Exception):
+    """A value ``_copied`` does not copy itself (the round trip decides)."""
+
+
+def copy_value(value: Any) -> Any:
+    """What ``unpack(pack(value))`` gives: a copy nobody else holds. Maps with ASCII string
+    keys, lists and plain scalars (a few levels deep) are copied without the round trip."""
+    try:
+        return _copied(value, _COPY_DEPTH)
+    except _NotPlain:
+        return unpack(pack(value))
+
+
+def _copied(value: Any, depth: int) -> Any:
+    kind = type(value)
+    if kind in _COPIED_AS_IS:
+        return value
+    if kind is int:
+        if -(1 << 63) <= value < 1 << 64:
+            return value
+    elif kind is str:
+        if value.isascii():
+            return value
+    elif depth and kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii():
+                raise _NotPlain
+            out[key] = _copied(item, depth - 1)
+        return out
+    elif depth and kind is list:
+        return [_copied(item, depth - 1) for item in value]
+    raise _NotPlain
+
+
 def unpack_counted(data: bytes, max_values: int = MAX_VALUES) -> tuple[Any, int]:
     """Decode msgpack and count its values; ``ValueError`` past ``max_values`` (checked while
     decoding, so a body of a million empty maps stops after ``max_values`` of them)."""

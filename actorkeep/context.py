@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import sqlalchemy
 
     from .http import Response
+    from .routing import Operation
     from .ws import WebSocket
 
 
@@ -68,3 +69,9 @@ class ActorContext(Protocol):
         self, address: str, method: str, args: dict[str, Any], timeout: float | None
     ) -> Any:
         """``@rpc method(**args)`` of ``address``, called by this actor."""
+
+    async def call_op(
+        self, address: str, op: Operation, values: Mapping[str, Any], timeout: float | None
+    ) -> Response:
+        """The protocol operation ``op`` of ``address`` with the frame ``values``, called by
+        this actor: a ``ValueReply`` (within the host) or a ``Response``."""

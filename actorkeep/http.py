@@ -154,6 +154,23 @@ class Response:
         return f"<Response {self.status} {len(self.body)} bytes>"
 
 
+class ValueReply(Response):
+    """A 200 that carries the handler's reply as a Python value, with no body: what a call of
+    a protocol's operation between two actors of one host answers (``Host.call_op``). It never
+    leaves the host; the caller takes a copy of ``value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.status = 200
+        self.headers = _NO_HEADERS
+        self.body = b""
+        self.value = value
+
+
+_NO_HEADERS = Headers()
+
+
 #: The header that names the calling actor. The host sets it on every call between actors and
 #: strips every ``x-actorkeep-*`` header from outside requests, so no one can forge it.
 CALLER_HEADER = "x-actorkeep-caller"

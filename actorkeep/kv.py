@@ -17,12 +17,13 @@ from typing import Any, Final
 
 import trio
 
+from . import codec
 from .address import check_class_name
 from .errors import RemoteError
 from .hashing import fnv1a64
 from .http import Response
 from .runtime.activation import current_actor
-from .wire import MSGPACK_HEADERS, Op
+from .wire import Op
 from .wire import kv as wire
 from .wire.kv import check_key, check_value
 
@@ -176,7 +177,7 @@ class Client:
         return await self._get(check_key(key))
 
     async def _get(self, k: bytes) -> Entry | None:
-        reply = await self._call(k, wire.GET, wire.GET.pack(key=k))  # k is checked
+        reply = await self._call(k, wire.GET, {"key": k})  # k is checked
         found = reply["entry"]
         entry = None if found is None else Entry(k, found[0], found[1], _seconds(found[2]))
         self._remember(k, entry)
@@ -199,7 +200,7 @@ class Client:
         asks: list[tuple[int, bytes | None]] = [(i, checked["after"]) for i in range(self.shards)]
         waiting: dict[int, bytes] = {}  # the shards that have more rows: where each stopped
         while True:
-            frames = [(i, wire.LIST.pack(prefix=prefix, after=a, limit=batch)) for i, a in asks]
+            frames = [(i, {"prefix": prefix, "after": a, "limit": batch}) for i, a in asks]
             for (i, _), reply in zip(asks, await self._ask_shards(frames), strict=True):
                 entries = reply["entries"]
                 rows.extend(entries)
@@ -221,13 +222,17 @@ class Client:
         entries = [Entry(r[0], r[1], r[2], _seconds(r[3])) for r in known[:limit]]
         return Page(entries, entries[-1].key if more else None)
 
-    async def _ask_shards(self, asks: Sequence[tuple[int, bytes]]) -> Sequence[dict[str, Any]]:
+    async def _ask_shards(
+        self, asks: Sequence[tuple[int, dict[str, Any]]]
+    ) -> Sequence[dict[str, Any]]:
         """``LIST`` frames to shards, all at once; their replies in the same order. The first
         error is raised as itself, and the other asks are cancelled."""
         replies: list[dict[str, Any]] = [{} for _ in asks]
         errors: list[Exception] = []
 
-        async def ask(n: int, shard: int, frame: bytes, cancel_scope: trio.CancelScope) -> None:
+        async def ask(
+            n: int, shard: int, frame: dict[str, Any], cancel_scope: trio.CancelScope
+        ) -> None:
             try:
                 replies[n] = await self._call_shard(self._addresses[shard], wire.LIST, frame)
             except Exception as exc:  # raised below as itself, not in an ExceptionGroup
@@ -254,9 +259,8 @@ class Client:
         v = check_value(value)
         ttl, local = wire.check_ttl(options.ttl), bool(options.local)
         # Every field checked above with the protocol's own checks (expect by _wire_expect).
-        frame = wire.PUT.pack(
-            key=k, value=v, expect=_wire_expect(options.expect), ttl=ttl, local=local
-        )
+        frame = {"key": k, "value": v, "expect": _wire_expect(options.expect), "ttl": ttl,
+                 "local": local}  # fmt: skip
         try:
             # A local put without TTL runs in the caller's task when it can (put_now). Durable
             # puts go to put, on the shard's worker: with many callers that takes 1.35x the
@@ -282,7 +286,7 @@ class Client:
         """Delete ``key`` if it is as ``expect`` says, else ``Conflict``."""
         k = check_key(key)
         try:
-            frame = wire.DELETE.pack(key=k, expect=_wire_expect(expect))  # both checked
+            frame = {"key": k, "expect": _wire_expect(expect)}  # both checked
             reply = await self._call(k, wire.DELETE, frame)
         except Conflict:
             self._forget(k)
@@ -292,16 +296,18 @@ class Client:
         return deleted
 
     # -- plumbing -------------------------------------------------------------------------
-    def _call(self, key: bytes, op: Op, frame: bytes) -> Coroutine[Any, Any, dict[str, Any]]:
+    def _call(
+        self, key: bytes, op: Op, frame: dict[str, Any]
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
         return self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
-    async def _call_shard(self, address: str, op: Op, frame: bytes) -> dict[str, Any]:
+    async def _call_shard(self, address: str, op: Op, frame: dict[str, Any]) -> dict[str, Any]:
+        """``op`` of the shard at ``address`` with ``frame`` (its fields checked by the
+        caller with the protocol's own checks)."""
         if self._via is not None:
-            resp = await self._via(address, op.path, frame)
+            resp = await self._via(address, op.path, codec.pack(frame))
         else:
-            resp = await current_actor().actors.call(
-                address, "POST", op.path, frame, MSGPACK_HEADERS, self.timeout
-            )
+            resp = await current_actor().actors.call_op(address, op, frame, self.timeout)
         if resp.status == 409:
             err = resp.json()
             raise Conflict(str(err["message"]), err["current_version"])

@@ -20,7 +20,7 @@ from .address import split_address
 from .http import Request, Response, error_response
 from .routing import route
 from .runtime.activation import current_actor
-from .wire import MSGPACK_HEADERS, Op, reply_response
+from .wire import Op, reply_response
 from .wire import queue as wire
 from .wire.queue import (
     Ack,
@@ -103,10 +103,8 @@ class Client:
         return f"<ak.queue.Client {self.address}>"
 
     async def _call(self, op: Op, **fields: Any) -> dict[str, Any]:
-        frame = op.frame(**fields)
-        resp = await current_actor().actors.call(
-            self.address, "POST", op.path, frame, MSGPACK_HEADERS, self.timeout
-        )
+        op.check(fields)  # refused here, as the queue would refuse it
+        resp = await current_actor().actors.call_op(self.address, op, fields, self.timeout)
         return op.result(resp)
 
     async def send(

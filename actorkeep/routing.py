@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dis
 import inspect
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -15,6 +15,7 @@ _ROUTES_ATTR = "__actorkeep_routes__"
 _RPC_ATTR = "__actorkeep_rpc__"
 _PARSE_ATTR = "__actorkeep_parse__"
 _WEBSOCKET_ATTR = "__actorkeep_websocket__"
+_DIRECT_ATTR = "__actorkeep_direct__"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -104,12 +105,48 @@ def websocket(path: str, *, parse: Parser | None = None) -> Callable[[F], F]:
     return mark
 
 
+def direct(path: str, fn: Callable[..., Any]) -> Callable[[F], F]:
+    """Mark a route handler whose request another actor of the host may also hand over as a
+    value, without a request: ``fn(self, value)`` (plain or ``async``) takes what the route's
+    ``parse`` would give and returns the reply's value, or an ``ak.Response``. The protocols of
+    the ready classes (``actorkeep.wire``) mark theirs so; ``Host.call_op`` uses it."""
+
+    def mark(handler: F) -> F:
+        setattr(handler, _DIRECT_ATTR, (path, fn))
+        return handler
+
+    return mark
+
+
+class Operation(Protocol):
+    """What ``Host.call_op`` needs of a protocol's operation (``actorkeep.wire.Op``): the
+    path of its ``@direct`` route, and its frame's checks."""
+
+    @property
+    def path(self) -> str:
+        """The route the operation is also reached at: ``POST <path>``."""
+
+    def checked(self, values: Mapping[str, Any], address: str) -> Any:
+        """The frame the actor at ``address`` gets for ``values`` (``ValueError``)."""
+
+
 def rpc(fn: F) -> F:
     """Mark an ``async def`` method as callable at ``POST /_rpc/<name>`` with a map of arguments."""
     if not _is_async(fn):
         raise TypeError(f"@rpc method {fn.__qualname__} must be async def")
     setattr(fn, _RPC_ATTR, True)
     return fn
+
+
+def _direct_handler(fn: Callable[..., Any]) -> tuple[RouteHandler, bool]:
+    """``fn`` as an event's handler (a coroutine function), and whether it never suspends."""
+    if _is_async(fn):
+        return fn, never_suspends(fn)
+
+    async def plain(self: Any, value: Any) -> Any:
+        return fn(self, value)
+
+    return plain, True
 
 
 class RpcMethod:
@@ -165,6 +202,8 @@ class RouteTable:
         self.websockets: set[RouteHandler] = set()
         # Route handler -> (it never suspends, its parse function): one lookup per request.
         self.handlers: dict[RouteHandler, tuple[bool, Parser | None]] = {}
+        #: Path -> (the handler that takes a value, it never suspends), of ``@direct`` routes.
+        self.direct: dict[str, tuple[RouteHandler, bool]] = {}
         seen: set[str] = set()
         for klass in cls.__mro__:
             for attr, fn in vars(klass).items():
@@ -177,6 +216,9 @@ class RouteTable:
                     self.handlers[fn] = (never_suspends(fn), getattr(fn, _PARSE_ATTR, None))
                 if getattr(fn, _WEBSOCKET_ATTR, False):
                     self.websockets.add(fn)
+                marked = getattr(fn, _DIRECT_ATTR, None)
+                if marked is not None:
+                    self.direct[marked[0]] = _direct_handler(marked[1])
                 for method, path in getattr(fn, _ROUTES_ATTR, ()):
                     segments = tuple(path.strip("/").split("/")) if path != "/" else ()
                     if any(s.startswith("{") and s.endswith("}") for s in segments):

@@ -62,6 +62,51 @@ def test_copy_args_is_the_round_trip_it_stands_for(args: dict[str, Any]) -> None
     assert [type(v) for v in copied.values()] == [type(v) for v in expected.values()]
 
 
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.binary(max_size=2)), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@given(_values)
+def test_copy_value_is_the_round_trip_it_stands_for(value: Any) -> None:
+    try:
+        expected: Any = codec.unpack(codec.pack(value))
+    except Exception as exc:  # what the round trip refuses, the copy refuses the same way
+        with pytest.raises(type(exc)):
+            codec.copy_value(value)
+        return
+    copied = codec.copy_value(value)
+    assert copied == expected
+    assert _shape(copied) == _shape(expected)  # types too: 1 and True, lists for tuples
+
+
+def _shape(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    return type(value)
+
+
+def test_copy_value_copies_what_the_callee_could_change() -> None:
+    inner = [1, [2]]
+    reply = {"entries": [inner], "n": 1}
+    copied = codec.copy_value(reply)
+    copied["entries"][0][1].append(3)
+    copied["entries"].append(4)
+    assert reply == {"entries": [[1, [2]]], "n": 1}
+    deep: Any = [0]
+    for _ in range(8):  # deeper than it copies itself: the round trip does
+        deep = [deep]
+    assert codec.copy_value(deep) == deep and codec.copy_value(deep) is not deep
+
+
 def test_copy_args_copies_what_the_callee_could_change() -> None:
     inner = [1, 2]
     copied = codec.copy_args({"xs": inner, "n": 1})

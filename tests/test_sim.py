@@ -183,7 +183,9 @@ def test_users_can_run_their_own_app() -> None:
     [
         ("reuse-versions", {"one-value-per-version", "versions-increase"}),
         ("blind-cas", {"cas-follows-expected", "no-stale-read"}),
-        ("lazy-durable", {"no-stale-read"}),
+        # A lost acknowledged put: a read after it sees the older value, and no order of the
+        # operations explains the history (the exhaustive check), whichever the seed shows.
+        ("lazy-durable", {"no-stale-read", "linearizable"}),
     ],
 )
 def test_a_planted_bug_is_reported_with_its_seed(

@@ -21,6 +21,7 @@ from ..actor import Actor
 from ..app import ActorClass
 from ..calls import ActorsClient
 from ..http import Response
+from ..routing import Operation
 from ..sql import Sql
 from ..ws import WebSocket
 from .alarm_store import ACTOR_TABLE as ALARM_TABLE
@@ -117,6 +118,16 @@ class ActivationHost(Protocol):
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any: ...
+
+    def call_op(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Coroutine[Any, Any, Response]: ...
 
 
 class _SharedConnection:
@@ -395,6 +406,16 @@ class Activation:
     ) -> Coroutine[Any, Any, Any]:
         chain = self.chain_for_call()
         call = self.host.call_rpc(self.address, chain, address, method, args, timeout)
+        gate = self.gate
+        if gate is not None and gate.closed:
+            return _after_gate(gate, call)
+        return call
+
+    def call_op(
+        self, address: str, op: Operation, values: Mapping[str, Any], timeout: float | None
+    ) -> Coroutine[Any, Any, Response]:
+        chain = self.chain_for_call()
+        call = self.host.call_op(self.address, chain, address, op, values, timeout)
         gate = self.gate
         if gate is not None and gate.closed:
             return _after_gate(gate, call)

@@ -19,7 +19,7 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 
 from .. import codec
 from ..errors import CallTimeout
-from ..http import Headers, Request, Response
+from ..http import Headers, Request, Response, ValueReply
 from .stats import HostStats
 
 _RESULT_HEADERS = {  # shared: Headers are read-only
@@ -42,6 +42,7 @@ class Event:
         "abandoned",
         "args",
         "chain",
+        "direct",
         "encoding",
         "fn",
         "inline",
@@ -76,6 +77,7 @@ class Event:
         self.waiter: Task | None = None
         self.timeout: float | None = None  # set while the waiter's timeout is registered
         self.abandoned = False
+        self.direct = False  # a protocol operation's value, handed over without a request
 
     @classmethod
     def alarm(cls) -> Event:
@@ -85,6 +87,17 @@ class Event:
     def websocket(cls, fn: Callable[..., Any], args: tuple[Any, ...]) -> Event:
         ev = cls("websocket", fn, None, ())
         ev.positional = args
+        return ev
+
+    @classmethod
+    def direct_call(
+        cls, fn: Callable[..., Any], value: Any, chain: tuple[str, ...], inline: bool
+    ) -> Event:
+        """A call of a route marked ``@direct`` with the value its ``parse`` would give: its
+        handler's value is answered as it is (``ValueReply``). Counted as a request."""
+        ev = cls("request", fn, None, chain, inline=inline)
+        ev.positional = (value,)
+        ev.direct = True
         return ev
 
     @classmethod
@@ -116,6 +129,8 @@ class Event:
             )
         if self.kind == "websocket":
             return _HANDLED
+        if self.direct:
+            return result if isinstance(result, Response) else ValueReply(result)
         if self.encoding is not None:  # @rpc: encode the return value as the request was
             headers = _RESULT_HEADERS[self.encoding]
             return Response(200, headers, codec.encode(result, self.encoding))

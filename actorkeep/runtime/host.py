@@ -18,17 +18,12 @@ from typing import Any
 import structlog
 import trio
 
-from .. import codec
 from ..actor import Actor
 from ..address import split_address
 from ..app import App
-from ..calls import decode_reply
 from ..errors import (
-    BadRequest,
-    Forbidden,
     HostClosed,
     Overloaded,
-    RemoteError,
 )
 from ..http import (
     CALLER_HEADER,
@@ -38,17 +33,19 @@ from ..http import (
     error_response,
     parse_query,
 )
+from ..routing import Operation
 from .access import Access, check_reentry
 from .activation import Activation
 from .alarms import AlarmIndex, AlarmScheduler, LocalAlarmIndex
 from .budget import ByteBudget
 from .burst import BurstLog
 from .clock import Clock, WallClockGuard
+from .direct import DirectCalls
 from .dispatch import Dispatcher
 from .failures import Failures
 from .faults import FaultHooks
 from .gate import Gate
-from .handoff import CallTimeouts, Event, check_timeout
+from .handoff import CallTimeouts, check_timeout
 from .hostdb import HostDb, open_host_db
 from .intake import creation_refused, event_for
 from .rebuild import rebuild_if_needed
@@ -123,12 +120,8 @@ class Host:
         self.debug = debug
         self.classes = app.classes
         self.access = Access(app.classes, access)
-        #: Where every call and outside request goes (``router(host)``; a cluster's checks
-        #: which host serves the address).
         #: The open WebSockets of the host's actors (sockets.py).
         self.sockets = Sockets(app.classes, socket_limits)
-        self.router: Router = router(self)
-        self.sockets.serves = self.router.serves
         self._scheduler_class = alarm_scheduler
         self._index_class = alarm_index
         self._remover_class = remover
@@ -158,6 +151,16 @@ class Host:
             self.sockets,
         )
         self.activations = self.dispatcher.activations
+        direct = DirectCalls(
+            app.classes, self.activations, self.access, self.dispatcher, self.stats
+        )
+        #: ``call_rpc`` and ``call_op`` on this host (direct.py; the router's local way).
+        self.call_rpc_here = direct.rpc
+        self.call_op_here = direct.op
+        #: Where every call and outside request goes (``router(host)``; a cluster's checks
+        #: which host serves the address).
+        self.router: Router = router(self)
+        self.sockets.serves = self.router.serves
 
     def error_id(self) -> str:
         """A fresh id that ties an error an outside client sees to the host's log line."""
@@ -398,46 +401,20 @@ class Host:
         self.stats.calls += 1
         return self.router.call_rpc(caller, chain, address, method, args, timeout)
 
-    async def call_rpc_here(
+    def call_op(
         self,
         caller: str,
         chain: tuple[str, ...],
         address: str,
-        method: str,
-        args: dict[str, Any],
+        op: Operation,
+        values: Mapping[str, Any],
         timeout: float | None,
-    ) -> Any:
-        """``call_rpc`` on this host. The same rules as ``call`` to ``POST /_rpc/<method>``
-        with a msgpack body, without building an HTTP-shaped request: rpc handlers only see
-        their arguments."""
-        check_timeout(timeout)
-        act = self.activations.get(address)
-        if act is not None:
-            actor_class, name = act.actor_class, act.name
-        else:
-            class_name, name = split_address(address)
-            found = self.classes.get(class_name)
-            if found is None:
-                raise RemoteError(404, "NotFound", f"no actor class {class_name!r}")
-            actor_class = found
-        if address in chain:
-            self.stats.reentry_refused += 1
-            check_reentry(address, chain)
-        forbidden = self.access.refusal(actor_class, caller)
-        if forbidden is not None:
-            raise Forbidden(forbidden)
-        rpc = actor_class.routes.rpcs.get(method)
-        if rpc is None:
-            no_route = f"{actor_class.name} has no route POST /_rpc/{method}"
-            raise RemoteError(404, "NotFound", no_route)
-        copied = codec.copy_args(args)  # the callee gets its own copy, as over HTTP
-        try:
-            rpc.check_args(copied)
-        except ValueError as exc:
-            raise BadRequest(400, "BadRequest", str(exc)) from None
-        ev = Event("rpc", rpc.fn, None, chain, None, copied, "msgpack", rpc.inline)
-        reply = await self.dispatcher.dispatch(address, actor_class, name, ev, timeout)
-        return decode_reply(reply)
+    ) -> Coroutine[Any, Any, Response]:
+        """A protocol operation of ``address`` (``actorkeep.wire``) from actor ``caller``, with
+        ``values`` as its frame: a ``ValueReply`` or the error ``Response`` (``DirectCalls.op``;
+        in a cluster an actor elsewhere answers over the wire, with its frame packed)."""
+        self.stats.calls += 1
+        return self.router.call_op(caller, chain, address, op, values, timeout)
 
     async def remove(self, address: str, known: bool = False) -> int:
         """Delete an idle actor: its alarm, its registry entry, its database (removal.py).

@@ -25,8 +25,8 @@ from typing import Any, Final, TypeVar
 
 from .. import codec
 from ..errors import error_for_status
-from ..http import Headers, Request, Response
-from ..routing import route
+from ..http import Headers, Request, Response, ValueReply
+from ..routing import direct, route
 
 __all__ = [
     "MSGPACK_HEADERS",
@@ -122,8 +122,11 @@ class Op:
         return codec.pack(values)
 
     def result(self, resp: Response) -> dict[str, Any]:
-        """The reply map of a 2xx ``resp``; for an error status, the ``ak.RemoteError``
-        subclass it means is raised."""
+        """The reply map of a 2xx ``resp`` (a ``ValueReply`` from an actor of the same host:
+        a copy of its value); for an error status, the ``ak.RemoteError`` subclass it means is
+        raised."""
+        if type(resp) is ValueReply:
+            return self.checked_reply(codec.copy_value(resp.value))
         if not 200 <= resp.status < 300:
             raise error_of(resp)
         return self.reply(resp.body)
@@ -135,6 +138,10 @@ class Op:
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             bad = type(exc).__name__
             raise ValueError(f"{self.name} reply is not valid msgpack: {bad}") from None
+        return self.checked_reply(value)
+
+    def checked_reply(self, value: Any) -> dict[str, Any]:
+        """A reply value (the caller's own), its fields checked (``ValueError``)."""
         if not isinstance(value, dict):
             raise ValueError(f"{self.protocol.name} answered {self.name} with a malformed reply")
         try:
@@ -170,6 +177,14 @@ class Op:
             )
         return out
 
+    def checked(self, values: Mapping[str, Any], address: str) -> dict[str, Any]:
+        """The frame of ``values`` (the caller's, already a copy of its own) as the actor at
+        ``address`` gets it: what ``decode`` does after the msgpack (``ValueError``)."""
+        frame = self.check(values)
+        if self._validate is not None:
+            self._validate(frame, address)
+        return frame
+
     def decode(self, body: bytes, address: str = "") -> dict[str, Any]:
         """The checked frame in ``body``, as the actor at ``address`` gets it (``ValueError``
         says what is wrong)."""
@@ -180,10 +195,7 @@ class Op:
             raise ValueError(f"{self.name} frame is not valid msgpack: {bad}") from None
         if type(value) is not dict:
             raise ValueError(f"{self.name}: the frame must be a map")
-        frame = self.check(value)
-        if self._validate is not None:
-            self._validate(frame, address)
-        return frame
+        return self.checked(value, address)
 
     def parse(self, address: str, req: Request) -> dict[str, Any]:
         """A route's ``parse``: the checked frame of ``req`` (``ValueError`` answers 400 before
@@ -213,7 +225,7 @@ class Op:
                 return reply_response(reply)
 
             wrapped = plain
-        return route("POST", self.path, parse=self.parse)(wrapped)
+        return route("POST", self.path, parse=self.parse)(direct(self.path, fn)(wrapped))
 
 
 def decode(body: bytes, what: str) -> Any:
