@@ -9,12 +9,13 @@ from .faults import ALL_FAULTS
 from .kv import KV
 from .queues import QUEUES
 from .queues.features import QUEUE_FEATURES
+from .queues.recurring import RECURRING
 from .runner import Scenario, SeedResult
 from .runner import run_seed as run_scenario_seed
 from .schedules import SCHEDULES
 
 SCENARIOS: dict[str, Scenario[Any]] = {
-    s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES, SCHEDULES)
+    s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES, SCHEDULES, RECURRING)
 }
 
 

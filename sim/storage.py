@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
@@ -100,12 +100,37 @@ class SimDatabase:
             raise sqlite3.ProgrammingError(f"{self.key}: the database is closed")
 
     def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
-        """Never: the gate's task awaits ``sync()`` (its virtual delay needs a task)."""
-        return False
+        """As the file backend's: the committed state is taken now, and becomes durable when
+        the fsync ends, in a task of the incarnation's (``SimStorageView.spawn``; without one,
+        False: the gate's task awaits ``sync()``)."""
+        spawn = self._view.spawn
+        if spawn is None or self.fenced or (not self.closed and self.conn.in_transaction):
+            return False  # sync() says why (or the gate's task does it the old way)
+        image, seq, delay = self._begin()
+
+        async def fsync() -> None:
+            try:
+                if delay > 0:
+                    await trio.sleep(delay)
+                self._end(image, seq)
+            except Fenced as exc:
+                done(exc)
+                return
+            done(None)
+
+        spawn(fsync)
+        return True
 
     async def sync(self) -> None:
         """Snapshot the committed state now; it becomes durable when the fsync ends. (A sync
         of a connection closed since still syncs the file, as an fsync of its path would.)"""
+        image, seq, delay = self._begin()
+        if delay > 0:
+            await trio.sleep(delay)
+        self._end(image, seq)
+
+    def _begin(self) -> tuple[bytes | None, int, float]:
+        """A sync's start: what it will make durable, its number, how long its fsync takes."""
         if self.fenced:
             raise Fenced(f"{self.key}: the host incarnation that opened it has crashed")
         file = self._file
@@ -121,12 +146,13 @@ class SimDatabase:
                 )
             image = _serialize(self.conn)
         file.sync_seq += 1
-        seq = file.sync_seq
-        delay = self._storage.fsync_delay()
-        if delay > 0:
-            await trio.sleep(delay)
+        return image, file.sync_seq, self._storage.fsync_delay()
+
+    def _end(self, image: bytes | None, seq: int) -> None:
+        """A sync's end: its image durable, unless the host crashed meanwhile (``Fenced``)."""
         if self.fenced:  # crashed while the fsync ran: it did not complete
             raise Fenced(f"{self.key}: the host incarnation that opened it has crashed")
+        file = self._file
         if seq > file.durable_seq:
             file.durable, file.durable_seq = image, seq
         self._storage.synced(self)
@@ -178,6 +204,9 @@ class SimStorageView:
         self.incarnation = incarnation
         self.opened: set[SimDatabase] = set()
         self.fenced = False
+        #: Starts a task of the incarnation's (the world sets it): where the fsyncs that the
+        #: output gate starts at a gated write run, as the file backend's run off its loop.
+        self.spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None
 
     def open_actor(self, class_name: str, name: str, existing: bool = False) -> SimDatabase:
         key = f"actors/{class_name}/{name}"

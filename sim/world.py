@@ -182,9 +182,12 @@ class World:
     async def _run_host(self, inc: Incarnation, task_status: trio.TaskStatus[None]) -> None:
         try:
             with inc.scope:
-                async with inc.host.open():
-                    task_status.started()
-                    await inc.stop.wait()
+                async with trio.open_nursery() as fsyncs:
+                    if inc.view is not None:
+                        inc.view.spawn = fsyncs.start_soon  # dies with the incarnation
+                    async with inc.host.open():
+                        task_status.started()
+                        await inc.stop.wait()
         except BaseException:
             # A crashed incarnation dies with whatever its tasks hit after the fence (closed
             # connections, Fenced): that is the crash itself, not an error of the run.
