@@ -13,6 +13,7 @@ from .errors import (
     CallTimeout,
     Forbidden,
     HostClosed,
+    MigrationError,
     OutcomeUnknown,
     Overloaded,
     Quarantined,
@@ -21,6 +22,7 @@ from .errors import (
     StorageDamaged,
 )
 from .http import Headers, Request, Response
+from .migrations import Migration, MigrationSql
 from .outbox import Outbox, OutboxActor
 from .routing import route, rpc, websocket
 from .runtime.activation import current_actor
@@ -44,6 +46,9 @@ __all__ = [
     "Headers",
     "Host",
     "HostClosed",
+    "Migration",
+    "MigrationError",
+    "MigrationSql",
     "Missed",
     "Outbox",
     "OutboxActor",

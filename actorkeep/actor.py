@@ -8,6 +8,7 @@ import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .codec import pack
+from .migrations import Migration, Step, check_migrations
 from .schedules import (
     MAX_PAYLOAD,
     Missed,
@@ -59,6 +60,12 @@ class Actor:
     #: ``reply`` by the host, without an event (the actor stays asleep): a client's ping.
     websocket_auto_reply: ClassVar[tuple[str, str] | None] = None
 
+    #: The schema migrations of the class's databases, in order (docs/migrations.md): SQL text
+    #: or functions of ``ak.MigrationSql``. Append only: the database's ``PRAGMA
+    #: user_version`` counts the ones applied. Empty: the runtime leaves ``user_version`` alone.
+    migrations: ClassVar[list[Migration] | tuple[Migration, ...]] = ()
+    _ak_migration_steps: ClassVar[tuple[Step, ...]] = ()
+
     address: str
     class_name: str
     name: str
@@ -68,6 +75,11 @@ class Actor:
     _ak: ActorContext
     _ak_db: sqlalchemy.Connection | None = None
     _ak_timetable: Timetable | bool | None = False  # False: not looked up yet (schedules.py)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Checked once, when the class is defined: a mistake fails at import.
+        cls._ak_migration_steps = check_migrations(cls.__qualname__, cls.migrations)
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:

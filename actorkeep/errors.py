@@ -78,6 +78,27 @@ class OutcomeUnknown(CallTimeout):
         self.retry_after = retry_after
 
 
+class MigrationError(ActorkeepError):
+    """An actor's schema migration failed (``number`` and ``name`` say which; its database
+    was left at ``version``), or its database is at a version its class does not know (a
+    downgrade: ``number`` is None). The event that opened the actor fails with it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        address: str,
+        version: int,
+        number: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.address = address
+        self.version = version
+        self.number = number
+        self.name = name
+
+
 class HostClosed(ActorkeepError):
     """The host is shutting down or closed and takes no new events."""
 

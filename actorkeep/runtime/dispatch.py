@@ -31,6 +31,7 @@ from .failures import Failures, quarantine_message
 from .faults import FaultHooks
 from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
+from .migrate import migrate
 from .registry import Quarantine
 from .sockets import INTERNAL, Sockets
 from .stats import HostStats
@@ -393,6 +394,7 @@ class Dispatcher:
         if inst is None:
             if act.db is None:
                 await act.open()
+            await migrate(act)
             inst = act.new_instance()
             await inst.setup()
         return inst
