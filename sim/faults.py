@@ -11,6 +11,7 @@ import trio
 
 from actorkeep.errors import CallTimeout, Overloaded
 
+from .fault_schedule import FaultDecisions, FaultEvent
 from .history import History
 
 
@@ -155,7 +156,8 @@ SITE_FIRES_P = 0.25
 
 class SimHooks:
     """Delays, refuses and loses calls between actors, makes alarms late and fires BUGGIFY
-    sites, all drawn from one random stream of the seed.
+    sites, all drawn from one random stream of the seed, or, replaying a schedule, where
+    ``decisions.schedule`` says (sim/fault_schedule.py).
 
     Calls from the world itself (``World.rpc``: the chain is just the world's address) and from
     outside (no chain) are left alone: the world plays the clients, faults act between actors.
@@ -168,53 +170,98 @@ class SimHooks:
         now: Callable[[], float],
         rng: random.Random,
         world_caller: str,
+        decisions: FaultDecisions | None = None,
     ) -> None:
         self.faults = faults
         self.history = history
         self.now = now
         self.rng = rng
         self.world_chain = (world_caller,)
+        self.decisions = decisions if decisions is not None else FaultDecisions()
         self.sites: dict[str, bool] = {}  # site -> enabled in this run (drawn at first use)
         self.fired: dict[str, int] = {}
+        self.healed = False
+
+    def heal(self) -> None:
+        """No more faults from here on (replaying a schedule, its later ones are skipped)."""
+        self.healed = True
 
     def _between_actors(self, chain: tuple[str, ...]) -> bool:
         return chain != self.world_chain
 
+    def _planned(self, kind: str, n: int, site: str = "") -> FaultEvent | None:
+        return None if self.healed else self.decisions.planned(kind, n, site)
+
     async def before_call(self, chain: tuple[str, ...], address: str) -> None:
-        f = self.faults
+        f, d = self.faults, self.decisions
         if not self._between_actors(chain):
             return
-        if f.call_delay_p > 0 and self.rng.random() < f.call_delay_p:
-            await trio.sleep(self.rng.uniform(0.0, f.call_delay_max))
-        if f.call_refuse_p > 0 and self.rng.random() < f.call_refuse_p:
+        n = d.reach("call")
+        if d.replaying:
+            delay = self._planned("call-delay", n)
+            refuse = self._planned("call-refused", n) is not None
+            if delay is not None:
+                d.take(delay)
+                await trio.sleep(delay.value)
+        else:
+            if f.call_delay_p > 0 and self.rng.random() < f.call_delay_p:
+                seconds = self.rng.uniform(0.0, f.call_delay_max)
+                d.take(FaultEvent("call-delay", n, seconds))
+                await trio.sleep(seconds)
+            refuse = f.call_refuse_p > 0 and self.rng.random() < f.call_refuse_p
+        if refuse:
+            d.take(FaultEvent("call-refused", n))
             self.history.fault("call-refused", self.now(), to=address, by=chain[-1])
             raise Overloaded(f"sim: call to {address} refused")
 
     def after_call(self, chain: tuple[str, ...], address: str) -> None:
-        f = self.faults
-        if (
-            f.reply_loss_p > 0
-            and self._between_actors(chain)
-            and self.rng.random() < f.reply_loss_p
-        ):
+        f, d = self.faults, self.decisions
+        if not self._between_actors(chain):
+            return
+        n = d.reach("reply")
+        if d.replaying:
+            lose = self._planned("reply-lost", n) is not None
+        else:
+            lose = f.reply_loss_p > 0 and self.rng.random() < f.reply_loss_p
+        if lose:
+            d.take(FaultEvent("reply-lost", n))
             self.history.fault("reply-lost", self.now(), to=address, by=chain[-1])
             raise CallTimeout(f"sim: the reply of {address} was lost")
 
     def alarm_delay(self, address: str) -> float:
-        f = self.faults
+        f, d = self.faults, self.decisions
+        n = d.reach("alarm")
+        if d.replaying:
+            planned = self._planned("alarm-late", n)
+            return d.take(planned).value if planned is not None else 0.0
         if f.alarm_late_p > 0 and self.rng.random() < f.alarm_late_p:
-            return self.rng.uniform(0.0, f.alarm_late_max)
+            late = self.rng.uniform(0.0, f.alarm_late_max)
+            return d.take(FaultEvent("alarm-late", n, late)).value
         return 0.0
 
     def buggify(self, site: str) -> bool:
-        if not self.faults.buggify:
-            return False
-        enabled = self.sites.get(site)
-        if enabled is None:
-            enabled = self.sites[site] = self.rng.random() < SITE_ENABLED_P
-            if enabled:
+        d = self.decisions
+        if d.replaying:
+            if self.healed:
+                return False
+            n = d.reach(f"buggify:{site}")
+            if n == 1 and self._planned("buggify-on", 1, site) is not None:
+                d.take(FaultEvent("buggify-on", 1, site=site))
                 self.history.note(f"buggify site {site} enabled")
-        if enabled and self.rng.random() < SITE_FIRES_P:
+            fires = self._planned("buggify", n, site) is not None
+        else:
+            if not self.faults.buggify:
+                return False
+            n = d.reach(f"buggify:{site}")
+            enabled = self.sites.get(site)
+            if enabled is None:
+                enabled = self.sites[site] = self.rng.random() < SITE_ENABLED_P
+                if enabled:
+                    d.take(FaultEvent("buggify-on", 1, site=site))
+                    self.history.note(f"buggify site {site} enabled")
+            fires = enabled and self.rng.random() < SITE_FIRES_P
+        if fires:
+            d.take(FaultEvent("buggify", n, site=site))
             self.fired[site] = self.fired.get(site, 0) + 1
             return True
         return False

@@ -18,6 +18,7 @@ from actorkeep.runtime.gate import Gate
 
 from .check import Violation, check_errors
 from .determinism import sub_rng
+from .fault_schedule import FaultSchedule
 from .faults import ALL_FAULTS, FaultDraw, draw_faults
 from .history import History
 from .world import Stuck, World
@@ -69,6 +70,8 @@ class SeedResult:
     crashes: int
     seconds: float
     summary: dict[str, object] = field(default_factory=dict)
+    #: The faults the run injected: ``run_seed(..., schedule=...)`` replays them exactly.
+    schedule: FaultSchedule = field(default_factory=FaultSchedule)
 
     @property
     def ok(self) -> bool:
@@ -94,10 +97,15 @@ def run_seed(
     bug: str | None = None,
     faults: frozenset[str] = ALL_FAULTS,
     cluster: bool = False,
+    schedule: FaultSchedule | None = None,
 ) -> SeedResult:
     """Run ``scenario`` for ``seed`` (against the planted ``bug`` if given, with the fault kinds
     ``faults``) and check it; ``cluster``: on 1 to 5 cluster hosts (drawn from the seed) over
-    the simulated store (``ClusterWorld``), with the single-owner checks too."""
+    the simulated store (``ClusterWorld``), with the single-owner checks too. ``schedule``:
+    inject exactly these faults (``SeedResult.schedule`` of an earlier run) instead of
+    drawing them; on one host only."""
+    if schedule is not None and cluster:
+        raise ValueError("a fault schedule replays on one host only (not with cluster=True)")
     started = time.perf_counter()
     rng = sub_rng(seed, scenario.salt)
     plan = scenario.draw_plan(rng)
@@ -148,7 +156,9 @@ def run_seed(
         summary["store_replies_lost"] = lost
         summary["drops"] = drops
     else:
-        world = World(setup.app, seed, faults=draw.faults, host_options=host_options)
+        world = World(
+            setup.app, seed, faults=draw.faults, host_options=host_options, schedule=schedule
+        )
     world.history.note(f"scenario {summary}")
     try:
         world.run(setup.workload(world))
@@ -193,6 +203,7 @@ def seed_result(
         world.crashes,
         time.perf_counter() - started,
         summary,
+        world.decisions.recorded(),
     )
 
 

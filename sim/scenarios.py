@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .alarms import ALARMS
+from .fault_schedule import FaultSchedule
 from .faults import ALL_FAULTS
 from .kv import KV
 from .queues import QUEUES
@@ -33,6 +34,8 @@ def run_seed(
     bug: str | None = None,
     faults: frozenset[str] = ALL_FAULTS,
     cluster: bool = False,
+    schedule: FaultSchedule | None = None,
 ) -> SeedResult:
-    """Run one seed of the scenario named ``scenario`` (on a simulated cluster: ``cluster``)."""
-    return run_scenario_seed(SCENARIOS[scenario], seed, bug, faults, cluster)
+    """Run one seed of the scenario named ``scenario`` (on a simulated cluster: ``cluster``;
+    with exactly the faults of ``schedule``, when given)."""
+    return run_scenario_seed(SCENARIOS[scenario], seed, bug, faults, cluster, schedule)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 
 import trio
 
@@ -349,10 +349,15 @@ class SimStorage:
         view.fence()
 
     def power_loss(
-        self, view: SimStorageView | None, rng: random.Random, p_rollback: float = 0.5
+        self,
+        view: SimStorageView | None,
+        rng: random.Random | None,
+        p_rollback: float = 0.5,
+        files: Collection[str] = (),
     ) -> list[str]:
         """Power loss: fence ``view``, then each file keeps its committed image or (with
-        probability ``p_rollback``) rolls back to its last durable one. Returns the files that
+        probability ``p_rollback``, drawn from ``rng``) rolls back to its last durable one.
+        Without ``rng``, exactly the ``files`` given roll back. Returns the files that
         changed, sorted."""
         if view is not None:
             view.fence()
@@ -362,7 +367,8 @@ class SimStorage:
         rolled: list[str] = []
         for key in sorted(self.files):
             file = self.files[key]
-            if rng.random() < p_rollback and file.committed != file.durable:
+            chosen = rng.random() < p_rollback if rng is not None else key in files
+            if chosen and file.committed != file.durable:
                 file.committed = file.durable
                 rolled.append(key)
         return rolled

@@ -34,6 +34,7 @@ from actorkeep.runtime.clock import Clock
 from actorkeep.runtime.host import Host
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
+from .fault_schedule import FaultDecisions, FaultEvent, FaultSchedule
 from .faults import Faults, SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
@@ -84,16 +85,23 @@ class World:
         faults: Faults | None = None,
         anchor: float = ANCHOR,
         host_options: Mapping[str, Any] | None = None,
+        schedule: FaultSchedule | None = None,
     ) -> None:
         self.app = app
         self.seed = seed
         self.faults = faults if faults is not None else Faults()
+        #: Where fault decisions come from: the seed, or ``schedule`` (sim/fault_schedule.py).
+        self.decisions = FaultDecisions(schedule)
+        self.healed = False
+        self._fault_sleep: trio.CancelScope | None = None
         self.clock = Clock(anchor=anchor)
         self.history = History()
         # Tests and checkers read why an outside request failed: show it (actorkeep --debug).
         self.host_options = {"debug": True, **(host_options or {})}
         self._fault_rng = self.rng("world-faults")
-        self.hooks = SimHooks(self.faults, self.history, self.now, self.rng("hooks"), WORLD_CALLER)
+        self.hooks = SimHooks(
+            self.faults, self.history, self.now, self.rng("hooks"), WORLD_CALLER, self.decisions
+        )
         self.storage = SimStorage(
             fsync_delay=self._fsync_delay, on_sync=self._on_sync, on_remove=self._on_remove
         )
@@ -218,8 +226,9 @@ class World:
         """Crash the current host now (fence its storage, cancel its task), as kill -9 would.
 
         With ``power_loss`` each file then keeps its committed image or rolls back to its
-        durable one (``Faults.rollback_p``). ``restart_after``: start the next incarnation after
-        that many virtual seconds. False if no host was running.
+        durable one (``Faults.rollback_p``; replaying a schedule: the files of its
+        ``rollback`` fault for this power loss). ``restart_after``: start the next
+        incarnation after that many virtual seconds. False if no host was running.
         """
         inc = self.current
         if inc is None or not inc.alive:
@@ -229,9 +238,7 @@ class World:
         self.crashes += 1
         assert inc.view is not None
         if power_loss:
-            rolled = self.storage.power_loss(
-                inc.view, self._fault_rng, p_rollback=self.faults.rollback_p
-            )
+            rolled = self._power_loss(inc.view)
             self.history.fault("power-loss", self.now(), host=inc.number, rolled_back=rolled)
         else:
             self.storage.crash(inc.view)
@@ -241,6 +248,19 @@ class World:
             assert self._nursery is not None
             self._nursery.start_soon(self.restart, restart_after)
         return True
+
+    def _power_loss(self, view: SimStorageView) -> list[str]:
+        d = self.decisions
+        n = d.reach("power-loss")
+        if d.replaying:
+            planned = d.planned("rollback", n)
+            files = planned.files if planned is not None else ()
+            rolled = self.storage.power_loss(view, None, files=files)
+        else:
+            rolled = self.storage.power_loss(view, self._fault_rng, self.faults.rollback_p)
+        if rolled:
+            d.take(FaultEvent("rollback", n, files=tuple(rolled)))
+        return rolled
 
     async def restart(self, downtime: float = 0.0) -> Incarnation:
         """Wait for the dead host to finish dying, then ``downtime``, then start the next one."""
@@ -261,23 +281,64 @@ class World:
         self, rng: random.Random, count: int, span: float, power_p: float
     ) -> None:
         """``count`` crashes or power losses (each a power loss with ``power_p``) at random
-        moments spread over ``span`` virtual seconds, each followed by a restart."""
+        moments spread over ``span`` virtual seconds, each followed by a restart. Replaying a
+        schedule: its timed faults instead, and nothing is drawn. Ends early at ``heal``."""
+        if self.decisions.replaying:
+            for event in self.decisions.schedule.timed() if self.decisions.schedule else []:
+                if not await self._fault_pause(until=event.at):
+                    return
+                if self.crash(power_loss=event.kind == "power"):
+                    await self.restart(event.value)
+                self.decisions.take(event)
+            return
         for _ in range(count):
-            await trio.sleep(rng.uniform(0.0, span / max(count, 1)))
+            if not await self._fault_pause(rng.uniform(0.0, span / max(count, 1))):
+                return
             power = rng.random() < power_p
+            at = trio.current_time()
+            downtime = 0.0
             if self.crash(power_loss=power):
-                await self.restart(rng.uniform(0.0, 0.5))
+                downtime = rng.uniform(0.0, 0.5)
+                await self.restart(downtime)
+            self.decisions.take(FaultEvent("power" if power else "crash", at, downtime))
+
+    async def _fault_pause(self, seconds: float = 0.0, until: float | None = None) -> bool:
+        """Sleep ``seconds`` (or until trio time ``until``) before the next timed fault: False
+        if ``heal`` came first (or meanwhile)."""
+        if self.healed:
+            return False
+        with trio.CancelScope() as scope:
+            self._fault_sleep = scope
+            try:
+                if until is not None:
+                    await trio.sleep_until(until)
+                else:
+                    await trio.sleep(seconds)
+            finally:
+                self._fault_sleep = None
+        return not scope.cancelled_caught
 
     def heal(self) -> None:
         """End the fault phase: no more injected crashes, call faults, late alarms or BUGGIFY
         (timed faults are the caller's to stop). What follows should show liveness."""
         self.faults.heal()
+        self.hooks.heal()
+        self.healed = True
+        if self._fault_sleep is not None:
+            self._fault_sleep.cancel()  # a timed fault waiting for its moment: it never comes
         self.history.note("heal: no more injected faults")
 
     def _fsync_delay(self) -> float:
+        d = self.decisions
+        n = d.reach("sync")
+        if d.replaying:
+            planned = d.planned("slow-fsync", n)
+            return d.take(planned).value if planned is not None else 0.0
         f = self.faults
         if f.fsync_delay_p > 0 and self._fault_rng.random() < f.fsync_delay_p:
-            return self._fault_rng.uniform(0.0, f.fsync_delay_max)
+            delay = self._fault_rng.uniform(0.0, f.fsync_delay_max)
+            d.take(FaultEvent("slow-fsync", n, delay))
+            return delay
         return 0.0
 
     def _on_sync(self, db: SimDatabase) -> None:
@@ -287,16 +348,31 @@ class World:
         self._crash_after(f"the deletion of {key}")
 
     def _crash_after(self, what: str) -> None:
+        d = self.decisions
+        n = d.reach("durable")
         f = self.faults
-        if (
+        if d.replaying:
+            if self.healed:
+                return
+            event = d.planned("crash-after-sync", n) or d.planned("power-after-sync", n)
+            if event is None:
+                return
+            power, downtime = event.kind == "power-after-sync", event.value
+        elif (
             f.crash_after_sync_p > 0
             and self.crashes < f.max_crashes
             and self._fault_rng.random() < f.crash_after_sync_p
         ):
             power = self._fault_rng.random() < f.power_loss_p
             downtime = self._fault_rng.uniform(0.0, f.downtime_max)
-            self.history.note(f"crash right after {what}")
-            self.crash(power_loss=power, restart_after=downtime)
+            kind = "power-after-sync" if power else "crash-after-sync"
+            event = FaultEvent(kind, n, downtime)
+        else:
+            return
+        self.history.note(f"crash right after {what}")
+        # Taken before the crash: the power loss draws its rollback inside (order of ``taken``).
+        d.take(event)
+        self.crash(power_loss=power, restart_after=downtime)
 
     # -- reaching the app -------------------------------------------------------------------
     async def wait_up(self) -> Incarnation:
