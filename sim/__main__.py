@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
-from .history import History
+from .report import around
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
 
@@ -185,57 +185,7 @@ def print_replay(result: SeedResult, everything: bool, out: list[str]) -> None:
         return
     out.append("")
     first = result.violations[0]
-    out.extend(_around(history, first.ops, first.entries))
-
-
-def _subject(entry_op: object, detail: dict[str, object] | None) -> object:
-    """What an entry is about: a key, a timer, a queue or an actor (None: unknown)."""
-    if detail is not None:
-        return detail.get("actor", detail.get("queue"))
-    args = getattr(entry_op, "args", {})
-    return args.get("key", args.get("timer", args.get("queue")))
-
-
-def _around(
-    history: History, op_ids: Sequence[int], entries: Sequence[int], context: int = 6
-) -> list[str]:
-    """Entries about the violation's subjects (keys, timers, queues) and every fault, from a
-    little before its first operation or observation to a little after its last."""
-    ops = [history.ops[i] for i in op_ids]
-    observed = [e for e in history.entries if e.index in set(entries)]
-    subjects = {_subject(op, None) for op in ops} | {
-        _subject(None, e.fault.detail) for e in observed if e.fault is not None
-    }
-    subjects.discard(None)
-    indexes = (
-        [op.invoke_index for op in ops]
-        + [int(op.complete_index) for op in ops if op.complete_index != float("inf")]
-        + list(entries)
-    )
-    lo, hi = min(indexes) - context, max(indexes) + context
-    lines = [
-        f"history entries {max(lo, 0)}..{hi} about {sorted(map(str, subjects))} (>> marks them):"
-    ]
-    for entry in history.entries:
-        if not lo <= entry.index <= hi:
-            continue
-        op = entry.op
-        if op is not None:
-            about = _subject(op, None)
-        elif entry.what == "observe" and entry.fault is not None:
-            about = _subject(None, entry.fault.detail)
-        else:
-            about = None  # faults and notes: always shown
-        if (
-            subjects
-            and about is not None
-            and about not in subjects
-            and not (op and op.kind == "kv.list")
-        ):
-            continue
-        marked = (op is not None and op.id in op_ids) or entry.index in entries
-        lines.append(f"{'>>' if marked else '  '} {history.line(entry)}")
-    return lines
+    out.extend(around(history, first.ops, first.entries))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

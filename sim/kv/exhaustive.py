@@ -51,6 +51,7 @@ from actorkeep.kv import shard_for
 
 from ..check import Violation
 from ..history import NEVER, History, Op
+from ..linearizability import candidates, search
 
 KV_CLASS = "kv"
 INVARIANT = "linearizable"
@@ -302,37 +303,14 @@ class KVExhaustive:
         return self.violations
 
     def _search(self, key: bytes, steps: list[Step]) -> None:
-        """Depth-first over (steps placed, state), placing a step no unplaced definite step
-        precedes, until every definite step is placed; report ``key`` if none gets there."""
-        n = len(steps)
-        definite = sum(1 << i for i, s in enumerate(steps) if s.definite)
-        # Linearizing step i drops the unknown steps that had to take effect before it.
-        drops = [
-            sum(1 << j for j, u in enumerate(steps) if not u.definite and u.deadline <= s.inv)
-            for s in steps
-        ]
+        """Search for an order of ``steps`` (``sim/linearizability.py``); report ``key`` if
+        none places every definite step."""
         tracked = any(s.kind == "rollback" for s in steps)
         initial: State = (None, 0, frozenset((None,)) if tracked else _NO_STATES)
-        start = (0, initial)
-        seen = {start}
-        stack = [start]
-        best = start
-        while stack:
-            done, state = stack.pop()
-            if done & definite == definite:
-                self.configurations += len(seen)
-                return
-            if (done & definite).bit_count() > (best[0] & definite).bit_count():
-                best = (done, state)
-            for i in _candidates(steps, done, n):
-                placed = done | 1 << i | drops[i]
-                for after in transitions(steps[i], state):
-                    nxt = (placed, after)
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        stack.append(nxt)
-        self.configurations += len(seen)
-        self._report(key, steps, best)
+        found = search(steps, initial, lambda i, state: transitions(steps[i], state))
+        self.configurations += found.configurations
+        if not found.found:
+            self._report(key, steps, (found.done, found.state))
 
     def _report(self, key: bytes, steps: list[Step], best: tuple[int, State]) -> None:
         """A violation for ``key``, told from the deepest point the search reached."""
@@ -342,7 +320,7 @@ class KVExhaustive:
         placed = sum(1 for i in known if done >> i & 1)
         stuck = [
             op
-            for i in _candidates(steps, done, len(steps))
+            for i in candidates(steps, done, len(steps))
             if steps[i].definite and (op := steps[i].op) is not None
         ]
         self.violations.append(
@@ -355,23 +333,6 @@ class KVExhaustive:
                 tuple(sorted({op.id for op in stuck} or {op.id for op in ops})),
             )
         )
-
-
-def _candidates(steps: list[Step], done: int, n: int) -> list[int]:
-    """The steps not yet placed that no unplaced definite step precedes in real time."""
-    out: list[int] = []
-    first_comp = NEVER
-    i = (~done & (done + 1)).bit_length() - 1  # the first step not placed
-    while i < n:
-        s = steps[i]
-        if s.inv > first_comp:
-            break  # this and every later step were invoked after an unplaced step completed
-        if not done >> i & 1:
-            out.append(i)
-            if s.definite and s.comp < first_comp:
-                first_comp = s.comp
-        i += 1
-    return out
 
 
 def _listed(op: Op, keys: set[bytes]) -> list[tuple[bytes, Seen]]:
