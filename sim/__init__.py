@@ -8,35 +8,54 @@ seeded KV, alarm and queue scenarios and checks their histories.
 
 from .alarms import check_alarms
 from .check import Violation, check_errors
+from .fault_schedule import FaultEvent, FaultSchedule
 from .faults import Faults
 from .history import Fault, History, Op
+from .invariants import CheckFailed, acknowledged_writes_survive, exactly_once, expect_no_violations
 from .kv import check_kv, check_kv_exhaustive
+from .models import ANY, Model, TooBig, cas_map, check_linearizable, counter, register
 from .queues import check_queue
 from .runner import Scenario, SeedResult, Setup
 from .scenarios import SCENARIOS, run_seed
+from .shrink import Shrunk, shrink
 from .storage import Fenced, SimDatabase, SimStorage, SimStorageView
 from .world import Incarnation, World
 
 __all__ = [
+    "ANY",
     "SCENARIOS",
+    "CheckFailed",
     "Fault",
+    "FaultEvent",
+    "FaultSchedule",
     "Faults",
     "Fenced",
     "History",
     "Incarnation",
+    "Model",
     "Op",
     "Scenario",
     "SeedResult",
     "Setup",
+    "Shrunk",
     "SimDatabase",
     "SimStorage",
     "SimStorageView",
+    "TooBig",
     "Violation",
     "World",
+    "acknowledged_writes_survive",
+    "cas_map",
     "check_alarms",
     "check_errors",
     "check_kv",
     "check_kv_exhaustive",
+    "check_linearizable",
     "check_queue",
+    "counter",
+    "exactly_once",
+    "expect_no_violations",
+    "register",
     "run_seed",
+    "shrink",
 ]

@@ -15,6 +15,9 @@ The kinds, with what ``at`` counts and what ``value`` holds:
 kind                  at                                          value, site, files
 ====================  ==========================================  ==========================
 crash, power          virtual seconds since the run began         downtime before the restart
+op-crash, op-power    the n-th operation ``World.invoke`` starts  downtime before the restart;
+                                                                  steps: scheduler steps
+                                                                  after its start
 crash-after-sync,     the n-th completed sync or file deletion    downtime before the restart
 power-after-sync
 rollback              the n-th power loss                         files rolled back to their
@@ -40,6 +43,8 @@ from typing import Any
 
 TIMED = ("crash", "power")
 COUNTED = (
+    "op-crash",
+    "op-power",
     "crash-after-sync",
     "power-after-sync",
     "rollback",
@@ -52,9 +57,10 @@ COUNTED = (
     "buggify",
 )
 KINDS = TIMED + COUNTED
-#: Kinds that take a site, and kinds that take files.
+#: Kinds that take a site, files, or steps.
 _SITED = ("buggify-on", "buggify")
 _FILED = ("rollback",)
+_STEPPED = ("op-crash", "op-power")
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class FaultEvent:
     value: float = 0.0
     site: str = ""
     files: tuple[str, ...] = field(default=())
+    steps: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,6 +89,10 @@ class FaultEvent:
             raise ValueError(f"{self.kind} {'needs' if self.kind in _SITED else 'takes no'} site")
         if self.files and self.kind not in _FILED:
             raise ValueError(f"{self.kind} takes no files")
+        if type(self.steps) is not int or self.steps < 0:
+            raise ValueError(f"a fault's steps must be an int >= 0, not {self.steps!r}")
+        if self.steps and self.kind not in _STEPPED:
+            raise ValueError(f"{self.kind} takes no steps")
 
     @property
     def key(self) -> tuple[str, str, float]:
@@ -94,6 +105,8 @@ class FaultEvent:
         text = {
             "crash": f"process crash at {self.at:g} s{back}",
             "power": f"power loss at {self.at:g} s{back}",
+            "op-crash": f"process crash {self.steps} steps into operation {n}{back}",
+            "op-power": f"power loss {self.steps} steps into operation {n}{back}",
             "crash-after-sync": f"process crash right after sync {n}{back}",
             "power-after-sync": f"power loss right after sync {n}{back}",
             "rollback": f"power loss {n} rolls back {', '.join(self.files) or 'no file'}",
@@ -115,6 +128,8 @@ class FaultEvent:
             out["site"] = self.site
         if self.files:
             out["files"] = list(self.files)
+        if self.steps:
+            out["steps"] = self.steps
         return out
 
 
@@ -175,7 +190,7 @@ class FaultSchedule:
         for i, item in enumerate(raw):
             if not isinstance(item, dict) or not {"kind", "at"} <= set(item):
                 raise ValueError(f"fault {i} of the schedule needs a kind and an at")
-            extra = set(item) - {"kind", "at", "value", "site", "files"}
+            extra = set(item) - {"kind", "at", "value", "site", "files", "steps"}
             if extra:
                 raise ValueError(f"fault {i} of the schedule has unknown fields {sorted(extra)}")
             files = item.get("files", [])
@@ -186,7 +201,14 @@ class FaultSchedule:
                 raise ValueError(f"fault {i}'s kind and site must be text")
             try:
                 events.append(
-                    FaultEvent(item["kind"], item["at"], item.get("value", 0.0), site, tuple(files))
+                    FaultEvent(
+                        item["kind"],
+                        item["at"],
+                        item.get("value", 0.0),
+                        site,
+                        tuple(files),
+                        item.get("steps", 0),
+                    )
                 )
             except ValueError as exc:
                 raise ValueError(f"fault {i} of the schedule: {exc}") from None

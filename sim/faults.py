@@ -31,6 +31,10 @@ class Faults:
     ``call_delay_max`` seconds; ``call_refuse_p`` refuses it with ``Overloaded`` before the
     callee sees it; ``reply_loss_p`` loses the reply (``CallTimeout`` after the callee ran).
     ``alarm_late_p`` hands a due alarm to its actor up to ``alarm_late_max`` seconds late.
+    ``op_crash_p``: the probability that an operation the world invokes (``World.invoke``) is
+    interrupted by a crash (a power loss with ``power_loss_p``) a few scheduler steps after it
+    starts, at most ``max_crashes`` times a run (the pytest plugin's faults, whose tests take
+    no virtual time for timed faults to land in).
     ``buggify`` enables the runtime's BUGGIFY sites (``actorkeep.runtime.faults.SITES``, and any
     ``self.buggify(site)`` in the app): each is enabled with probability 0.25 per run and
     then fires a quarter of the times it is reached.
@@ -50,6 +54,7 @@ class Faults:
     alarm_late_p: float = 0.0
     alarm_late_max: float = 2.0
     buggify: bool = False
+    op_crash_p: float = 0.0
 
     def heal(self) -> None:
         """Stop injecting faults (slow fsyncs stay: they are not failures)."""
@@ -57,6 +62,7 @@ class Faults:
         self.call_delay_p = self.call_refuse_p = self.reply_loss_p = 0.0
         self.alarm_late_p = 0.0
         self.buggify = False
+        self.op_crash_p = 0.0
 
 
 #: The fault kinds a run can have; ``--faults`` picks a subset. Two are a cluster's (a single

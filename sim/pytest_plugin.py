@@ -38,6 +38,8 @@ from .shrink import Shrunk, shrink
 from .world import World
 
 MARKER = "actorkeep_sim"
+#: The chances that an operation of a test is interrupted by a crash (drawn per seed).
+OP_CRASH_P = (0.03, 0.1, 0.2)
 _ARGS = ("app", "seeds", "faults", "timed", "span", "shrink", "host_options")
 _ORIGINAL = pytest.StashKey[Callable[..., Awaitable[None]]]()
 _MISUSE = pytest.StashKey[str]()
@@ -159,6 +161,9 @@ def run_one(
     else:
         draw = draw_faults(rng, spec.faults)
         faults, timed, power_p = draw.faults, draw.timed, draw.power_p
+        if draw.mode != "none":
+            # A test's calls take no virtual time: crashes land inside its operations.
+            faults.op_crash_p = rng.choice(OP_CRASH_P)
     if spec.timed is not None:
         timed = spec.timed
     options = {"idle_timeout": rng.choice(IDLE_TIMEOUTS), **spec.host_options}

@@ -2,12 +2,13 @@
 
 ``shrink(schedule, fails)`` calls ``fails(candidate)`` (a deterministic run of the same seed
 with exactly the candidate's faults) on simpler and simpler candidates, keeping each one that
-still fails. In order, repeated while one of them helps and the budget lasts:
+still fails. Each step is repeated while it helps, and the four run in passes until a pass
+changes nothing or the budget runs out:
 
 1. drop every fault of one kind (all the slow fsyncs, all the call faults, ...);
 2. drop faults in chunks, halves first, then smaller ones (delta debugging);
 3. make faults milder: a power loss becomes a process crash, a downtime or delay becomes 0 or
-   half of it;
+   half of it (down to a millisecond);
 4. move timed faults later, to a round time (the next whole second, tenth or hundredth).
 
 Everything is in a fixed order and each candidate is run at most once, so shrinking is as
@@ -34,11 +35,15 @@ _KIND_ORDER = (
     "rollback",
     "crash-after-sync",
     "power-after-sync",
+    "op-crash",
+    "op-power",
     "crash",
     "power",
 )
 assert sorted(_KIND_ORDER) == sorted(KINDS)
-_MILDER = {"power": "crash", "power-after-sync": "crash-after-sync"}
+#: Values (seconds) not halved further: below it a delay is noise.
+_SMALLEST = 0.001
+_MILDER = {"power": "crash", "power-after-sync": "crash-after-sync", "op-power": "op-crash"}
 
 
 @dataclass
@@ -94,7 +99,7 @@ def shrink(
         if len(schedule) and attempt("no fault at all", FaultSchedule()):
             return out
         progress = True
-        while progress:
+        while progress:  # passes over the steps, until one pass changes nothing
             progress = False
             for name, candidates in (
                 ("drop a kind", _drop_kinds),
@@ -102,12 +107,10 @@ def shrink(
                 ("milder", _milder),
                 ("later", _later),
             ):
-                for candidate in candidates(out.schedule):
-                    if attempt(name, candidate):
-                        progress = True
-                        break  # start the steps again from the smaller schedule
-                if progress:
-                    break
+                kept = True
+                while kept:  # a step again from the smaller schedule, while it helps
+                    kept = any(attempt(name, c) for c in candidates(out.schedule))
+                    progress = progress or kept
     except _Budget:
         pass
     return out
@@ -140,8 +143,9 @@ def _milder(schedule: FaultSchedule) -> Iterator[FaultSchedule]:
             yield schedule.replacing(event, replace(event, kind=_MILDER[event.kind]))
     for event in schedule.events:
         if event.value > 0:
-            for value in (0.0, _round(event.value / 2)):
-                yield schedule.replacing(event, replace(event, value=value))
+            yield schedule.replacing(event, replace(event, value=0.0))
+            if event.value >= _SMALLEST:
+                yield schedule.replacing(event, replace(event, value=_round(event.value / 2)))
 
 
 def _later(schedule: FaultSchedule) -> Iterator[FaultSchedule]:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import trio
+import trio.lowlevel
 import trio.testing
 
 from actorkeep.app import App
@@ -38,6 +39,10 @@ from .fault_schedule import FaultDecisions, FaultEvent, FaultSchedule
 from .faults import Faults, SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
+
+#: An operation's crash (``Faults.op_crash_p``) lands up to this many scheduler steps after
+#: the operation starts: before the host sees it, mid-event, or after the reply.
+OP_CRASH_STEPS = 40
 
 T = TypeVar("T")
 
@@ -99,6 +104,8 @@ class World:
         # Tests and checkers read why an outside request failed: show it (actorkeep --debug).
         self.host_options = {"debug": True, **(host_options or {})}
         self._fault_rng = self.rng("world-faults")
+        self._op_rng = self.rng("op-faults")
+        self._op_crashes = 0
         self.hooks = SimHooks(
             self.faults, self.history, self.now, self.rng("hooks"), WORLD_CALLER, self.decisions
         )
@@ -438,6 +445,7 @@ class World:
         """
         inc = await self.wait_up()
         op = self.history.invoke(process, kind, args, inc.number, self.now())
+        self._op_fault(inc)
         status: Status = "unknown"
         result: Any = None
         with trio.move_on_after(timeout) as scope:
@@ -454,6 +462,42 @@ class World:
             status, result = "unknown", {"late": result}
         self.history.complete(op, status, result, self.now())
         return op
+
+    def _op_fault(self, inc: Incarnation) -> None:
+        """Maybe crash ``inc`` a few scheduler steps into the operation starting now
+        (``Faults.op_crash_p``; replaying a schedule: where it has an op-crash or op-power)."""
+        d = self.decisions
+        n = d.reach("op")
+        if d.replaying:
+            if self.healed:
+                return
+            event = d.planned("op-crash", n) or d.planned("op-power", n)
+        else:
+            f = self.faults
+            if not (
+                f.op_crash_p > 0
+                and self._op_crashes < f.max_crashes
+                and self._op_rng.random() < f.op_crash_p
+            ):
+                return
+            power = self._op_rng.random() < f.power_loss_p
+            downtime = self._op_rng.uniform(0.0, f.downtime_max)
+            steps = self._op_rng.randint(0, OP_CRASH_STEPS)
+            event = FaultEvent("op-power" if power else "op-crash", n, downtime, steps=steps)
+        if event is None:
+            return
+        self._op_crashes += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(self._crash_into, inc, event)
+
+    async def _crash_into(self, inc: Incarnation, event: FaultEvent) -> None:
+        for _ in range(event.steps):
+            await trio.lowlevel.checkpoint()
+        if inc is not self.current or not inc.alive or self.healed:
+            return  # another fault got there first, or the faults are over
+        self.history.note(f"crash {event.steps} steps into operation {int(event.at)}")
+        self.decisions.take(event)
+        self.crash(power_loss=event.kind == "op-power", restart_after=event.value)
 
     def excused(self, exc: BaseException) -> bool:
         """Whether the world's faults explain ``exc`` while the host is up (never, on one

@@ -15,6 +15,9 @@ from actorkeep.runtime.ring import FsyncRing
 
 from .pg import Server, running_server
 
+#: tests/test_sim_plugin.py runs pytest on test files it writes.
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
