@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -235,3 +237,10 @@ def test_the_user_example_is_a_passing_pytest_file(pytester: pytest.Pytester) ->
     example = Path(__file__).parent.parent / "examples" / "sim_counter" / "test_sim_counter.py"
     pytester.makepyfile(test_example=example.read_text())
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_the_plugin_costs_nothing_to_a_run_that_does_not_simulate() -> None:
+    # pytest loads it in every run of an environment where actorkeep is installed.
+    code = "import sys, sim.pytest_plugin; print(sorted({'actorkeep', 'trio'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
