@@ -60,7 +60,9 @@ KINDS = TIMED + COUNTED
 #: Kinds that take a site, files, or steps.
 _SITED = ("buggify-on", "buggify")
 _FILED = ("rollback",)
-_STEPPED = ("op-crash", "op-power")
+#: Kinds aimed at a scheduler step after an operation starts, up to ``OP_CRASH_STEPS``.
+AIMED = ("op-crash", "op-power")
+OP_CRASH_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,11 @@ class FaultEvent:
             raise ValueError(f"{self.kind} {'needs' if self.kind in _SITED else 'takes no'} site")
         if self.files and self.kind not in _FILED:
             raise ValueError(f"{self.kind} takes no files")
-        if type(self.steps) is not int or self.steps < 0:
-            raise ValueError(f"a fault's steps must be an int >= 0, not {self.steps!r}")
-        if self.steps and self.kind not in _STEPPED:
+        if type(self.steps) is not int or not 0 <= self.steps <= OP_CRASH_STEPS:
+            raise ValueError(
+                f"a fault's steps must be an int from 0 to {OP_CRASH_STEPS}, not {self.steps!r}"
+            )
+        if self.steps and self.kind not in AIMED:
             raise ValueError(f"{self.kind} takes no steps")
 
     @property

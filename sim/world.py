@@ -35,14 +35,10 @@ from actorkeep.runtime.clock import Clock
 from actorkeep.runtime.host import Host
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
-from .fault_schedule import FaultDecisions, FaultEvent, FaultSchedule
+from .fault_schedule import OP_CRASH_STEPS, FaultDecisions, FaultEvent, FaultSchedule
 from .faults import Faults, SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
-
-#: An operation's crash (``Faults.op_crash_p``) lands up to this many scheduler steps after
-#: the operation starts: before the host sees it, mid-event, or after the reply.
-OP_CRASH_STEPS = 40
 
 T = TypeVar("T")
 

@@ -231,3 +231,19 @@ def test_shrinking_stops_at_its_budget() -> None:
 def test_a_failure_without_faults_shrinks_to_none() -> None:
     shrunk = shrink(noisy_schedule(), lambda s: True)
     assert len(shrunk.schedule) == 0 and shrunk.runs == 1
+
+
+def test_a_crash_counted_in_steps_is_re_aimed_when_a_fault_before_it_goes() -> None:
+    crash = FaultEvent("op-power", 5, 0.2, steps=11)
+    rollback = FaultEvent("rollback", 1, files=("actors/a",))
+    noise = FaultEvent("slow-fsync", 4, 0.0005)
+
+    def fails(s: FaultSchedule) -> bool:
+        # Without the slow fsync, the crash must land 3 steps in to hit the same moment.
+        aim = 11 if noise in s.events else 3
+        hit = any(e.kind == "op-power" and e.steps == aim for e in s.events)
+        return hit and rollback in s.events
+
+    shrunk = shrink(FaultSchedule((crash, rollback, noise)), fails)
+    assert shrunk.schedule == FaultSchedule((FaultEvent("op-power", 5, 0.0, steps=3), rollback))
+    assert shrunk.tried["drop and re-aim"][1] == 1

@@ -64,6 +64,13 @@ events = st.one_of(
     ),
     st.builds(
         FaultEvent,
+        st.sampled_from(["op-crash", "op-power"]),
+        st.integers(1, 10_000),
+        st.floats(0, 10, allow_nan=False),
+        steps=st.integers(0, 40),
+    ),
+    st.builds(
+        FaultEvent,
         st.just("buggify"),
         st.integers(1, 100),
         st.just(0.0),
@@ -100,6 +107,8 @@ def test_a_schedule_reads_back_exactly_from_its_text(items: list[FaultEvent]) ->
         ('[{"kind": "crash", "at": 1, "x": 2}]', "unknown fields ['x']"),
         ('[{"kind": "crash", "at": 1}, {"kind": "crash", "at": 1}]', "two crash faults at 1"),
         ('[{"kind": "crash", "at": 1, "value": -2}]', "a fault's value must be >= 0"),
+        ('[{"kind": "crash", "at": 1, "steps": 2}]', "crash takes no steps"),
+        ('[{"kind": "op-crash", "at": 1, "steps": 41}]', "steps must be an int from 0 to 40"),
     ],
 )
 def test_a_bad_schedule_text_says_what_is_wrong(text: str, message: str) -> None:
