@@ -32,8 +32,8 @@ def around(
         + list(entries)
     )
     lo, hi = min(indexes) - context, max(indexes) + context
-    about = f" about {sorted(map(str, subjects))}" if subjects else ""
-    lines = [f"history entries {max(lo, 0)}..{hi}{about} (>> marks the ones involved):"]
+    named = f" about {sorted(map(str, subjects))}" if subjects else ""
+    lines = [f"history entries {max(lo, 0)}..{hi}{named} (>> marks the ones involved):"]
     for entry in history.entries:
         if not lo <= entry.index <= hi:
             continue
