@@ -20,8 +20,8 @@ op-crash, op-power    the n-th operation ``World.invoke`` starts  downtime befor
                                                                   after its start
 crash-after-sync,     the n-th completed sync or file deletion    downtime before the restart
 power-after-sync
-rollback              the n-th power loss                         files rolled back to their
-                                                                  last sync
+rollback              the n-th power loss the run asked for       files rolled back to their
+                      itself (``World.crash``)                    last sync
 slow-fsync            the n-th sync                               its virtual seconds
 call-delay            the n-th call between actors                the delay
 call-refused          the n-th call between actors
@@ -30,6 +30,9 @@ alarm-late            the n-th alarm handed to its actor          the lateness
 buggify-on            1 (the site's first reach)                  site
 buggify               the n-th reach of the site                  site
 ====================  ==========================================  ==========================
+
+A power loss of the schedule (power, op-power, power-after-sync) names in ``files`` the files
+it rolled back, so dropping it drops its rollback too.
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ COUNTED = (
 KINDS = TIMED + COUNTED
 #: Kinds that take a site, files, or steps.
 _SITED = ("buggify-on", "buggify")
-_FILED = ("rollback",)
+#: The kinds that lose power: each names the files it rolled back.
+POWER_LOSSES = ("power", "op-power", "power-after-sync")
+_FILED = ("rollback", *POWER_LOSSES)
 #: Kinds aimed at a scheduler step after an operation starts, up to ``OP_CRASH_STEPS``.
 AIMED = ("op-crash", "op-power")
 OP_CRASH_STEPS = 40
@@ -106,6 +111,8 @@ class FaultEvent:
         """The fault in words."""
         k, n, v = self.kind, int(self.at), self.value
         back = f", restarted {v:g} s later"
+        if k in POWER_LOSSES:
+            back = f" rolling back {', '.join(self.files) or 'no file'}" + back
         text = {
             "crash": f"process crash at {self.at:g} s{back}",
             "power": f"power loss at {self.at:g} s{back}",
@@ -113,7 +120,8 @@ class FaultEvent:
             "op-power": f"power loss {self.steps} steps into operation {n}{back}",
             "crash-after-sync": f"process crash right after sync {n}{back}",
             "power-after-sync": f"power loss right after sync {n}{back}",
-            "rollback": f"power loss {n} rolls back {', '.join(self.files) or 'no file'}",
+            "rollback": f"the run's own power loss {n} rolls back "
+            f"{', '.join(self.files) or 'no file'}",
             "slow-fsync": f"sync {n} takes {v:g} s",
             "call-delay": f"call {n} between actors delayed {v:g} s",
             "call-refused": f"call {n} between actors refused (Overloaded)",

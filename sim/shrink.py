@@ -7,8 +7,8 @@ changes nothing or the budget runs out:
 
 1. drop every fault of one kind (all the slow fsyncs, all the call faults, ...);
 2. drop faults in chunks, halves first, then smaller ones (delta debugging);
-3. make faults milder: a power loss becomes a process crash, a downtime or delay becomes 0 or
-   half of it (down to a millisecond);
+3. make faults milder: a power loss becomes a process crash or rolls back one file fewer, a
+   downtime or delay becomes 0 or half of it (down to a millisecond);
 4. move timed faults later, to a round time (the next whole second, tenth or hundredth);
 5. when none of these helps any more: drop one other fault while aiming a crash inside an
    operation at each scheduler step in turn (the steps that lead to it change without the
@@ -159,7 +159,12 @@ def _drop_chunks(schedule: FaultSchedule) -> Iterator[FaultSchedule]:
 def _milder(schedule: FaultSchedule) -> Iterator[FaultSchedule]:
     for event in schedule.events:
         if event.kind in _MILDER:
-            yield schedule.replacing(event, replace(event, kind=_MILDER[event.kind]))
+            yield schedule.replacing(event, replace(event, kind=_MILDER[event.kind], files=()))
+    for event in schedule.events:
+        if len(event.files) > 1:  # a power loss that rolls back fewer files
+            for file in event.files:
+                fewer = tuple(f for f in event.files if f != file)
+                yield schedule.replacing(event, replace(event, files=fewer))
     for event in schedule.events:
         if event.value > 0:
             yield schedule.replacing(event, replace(event, value=0.0))

@@ -19,6 +19,7 @@ saw the reply, or when the call raised instead of answering.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,7 +36,13 @@ from actorkeep.runtime.clock import Clock
 from actorkeep.runtime.host import Host
 
 from .determinism import StepCounter, quiet_logs, seeded_scheduler, sub_rng
-from .fault_schedule import OP_CRASH_STEPS, FaultDecisions, FaultEvent, FaultSchedule
+from .fault_schedule import (
+    OP_CRASH_STEPS,
+    POWER_LOSSES,
+    FaultDecisions,
+    FaultEvent,
+    FaultSchedule,
+)
 from .faults import Faults, SimHooks
 from .history import History, Op, Status
 from .storage import SimDatabase, SimStorage, SimStorageView
@@ -90,11 +97,13 @@ class World:
     ) -> None:
         self.app = app
         self.seed = seed
-        self.faults = faults if faults is not None else Faults()
+        # A copy: heal() turns the faults off, and the caller may give the same to many worlds.
+        self.faults = dataclasses.replace(faults) if faults is not None else Faults()
         #: Where fault decisions come from: the seed, or ``schedule`` (sim/fault_schedule.py).
         self.decisions = FaultDecisions(schedule)
         self.healed = False
         self._fault_sleep: trio.CancelScope | None = None
+        self.injecting = False  # a fault of the schedule is crashing the host
         self.clock = Clock(anchor=anchor)
         self.history = History()
         # Tests and checkers read why an outside request failed: show it (actorkeep --debug).
@@ -233,15 +242,26 @@ class World:
         ``rollback`` fault for this power loss). ``restart_after``: start the next
         incarnation after that many virtual seconds. False if no host was running.
         """
+        return self._crash(power_loss, restart_after) is not None
+
+    def _crash(
+        self,
+        power_loss: bool,
+        restart_after: float | None = None,
+        files: tuple[str, ...] | None = None,
+    ) -> tuple[str, ...] | None:
+        """``crash``, returning the files the power loss rolled back (None: no host was
+        running). ``files``: replaying a fault, the ones it rolls back."""
         inc = self.current
         if inc is None or not inc.alive:
-            return False
+            return None
         self._down()
         inc.alive = False
         self.crashes += 1
         assert inc.view is not None
+        rolled: list[str] = []
         if power_loss:
-            rolled = self._power_loss(inc.view)
+            rolled = self._power_loss(inc.view, files)
             self.history.fault("power-loss", self.now(), host=inc.number, rolled_back=rolled)
         else:
             self.storage.crash(inc.view)
@@ -250,20 +270,38 @@ class World:
         if restart_after is not None:
             assert self._nursery is not None
             self._nursery.start_soon(self.restart, restart_after)
-        return True
+        return tuple(rolled)
 
-    def _power_loss(self, view: SimStorageView) -> list[str]:
+    def _power_loss(self, view: SimStorageView, files: tuple[str, ...] | None) -> list[str]:
+        if files is not None:
+            return self.storage.power_loss(view, None, files=files)
+        if self.injecting:  # a fault's power loss draws its rollback, kept with the fault
+            return self.storage.power_loss(view, self._fault_rng, self.faults.rollback_p)
+        # One the caller asked for (``crash``): its rollback is a decision of its own.
         d = self.decisions
         n = d.reach("power-loss")
         if d.replaying:
             planned = d.planned("rollback", n)
-            files = planned.files if planned is not None else ()
-            rolled = self.storage.power_loss(view, None, files=files)
+            rolled = self.storage.power_loss(view, None, files=planned.files if planned else ())
         else:
             rolled = self.storage.power_loss(view, self._fault_rng, self.faults.rollback_p)
         if rolled:
             d.take(FaultEvent("rollback", n, files=tuple(rolled)))
         return rolled
+
+    def _inject(self, event: FaultEvent, restart_after: float | None) -> FaultEvent | None:
+        """Crash the host as the fault ``event`` says: ``event`` with the files its power loss
+        rolled back (for the schedule), or None if no host was running."""
+        power = event.kind in POWER_LOSSES
+        files = event.files if self.decisions.replaying else None
+        self.injecting = True
+        try:
+            rolled = self._crash(power, restart_after, files)
+        finally:
+            self.injecting = False
+        if rolled is None:
+            return None
+        return dataclasses.replace(event, files=rolled if power else ())
 
     async def restart(self, downtime: float = 0.0) -> Incarnation:
         """Wait for the dead host to finish dying, then ``downtime``, then start the next one."""
@@ -290,20 +328,23 @@ class World:
             for event in self.decisions.schedule.timed() if self.decisions.schedule else []:
                 if not await self._fault_pause(until=event.at):
                     return
-                if self.crash(power_loss=event.kind == "power"):
+                done = self._inject(event, None)
+                self.decisions.take(done or event)
+                if done is not None:
                     await self.restart(event.value)
-                self.decisions.take(event)
             return
         for _ in range(count):
             if not await self._fault_pause(rng.uniform(0.0, span / max(count, 1))):
                 return
             power = rng.random() < power_p
-            at = trio.current_time()
-            downtime = 0.0
-            if self.crash(power_loss=power):
-                downtime = rng.uniform(0.0, 0.5)
-                await self.restart(downtime)
-            self.decisions.take(FaultEvent("power" if power else "crash", at, downtime))
+            event = FaultEvent("power" if power else "crash", trio.current_time())
+            done = self._inject(event, None)
+            if done is None:
+                self.decisions.take(event)
+                continue
+            downtime = rng.uniform(0.0, 0.5)
+            self.decisions.take(dataclasses.replace(done, value=downtime))
+            await self.restart(downtime)
 
     async def _fault_pause(self, seconds: float = 0.0, until: float | None = None) -> bool:
         """Sleep ``seconds`` (or until trio time ``until``) before the next timed fault: False
@@ -360,7 +401,7 @@ class World:
             event = d.planned("crash-after-sync", n) or d.planned("power-after-sync", n)
             if event is None:
                 return
-            power, downtime = event.kind == "power-after-sync", event.value
+            downtime = event.value
         elif (
             f.crash_after_sync_p > 0
             and self.crashes < f.max_crashes
@@ -373,9 +414,9 @@ class World:
         else:
             return
         self.history.note(f"crash right after {what}")
-        # Taken before the crash: the power loss draws its rollback inside (order of ``taken``).
-        d.take(event)
-        self.crash(power_loss=power, restart_after=downtime)
+        done = self._inject(event, downtime)
+        if done is not None:
+            d.take(done)
 
     # -- reaching the app -------------------------------------------------------------------
     async def wait_up(self) -> Incarnation:
@@ -441,7 +482,7 @@ class World:
         """
         inc = await self.wait_up()
         op = self.history.invoke(process, kind, args, inc.number, self.now())
-        self._op_fault(inc)
+        crashed = self._op_fault(inc)
         status: Status = "unknown"
         result: Any = None
         with trio.move_on_after(timeout) as scope:
@@ -457,16 +498,19 @@ class World:
         if not inc.alive and status != "unknown":
             status, result = "unknown", {"late": result}
         self.history.complete(op, status, result, self.now())
+        if crashed is not None:
+            await crashed.wait()  # an action that never let the crash land: right after it
         return op
 
-    def _op_fault(self, inc: Incarnation) -> None:
+    def _op_fault(self, inc: Incarnation) -> trio.Event | None:
         """Maybe crash ``inc`` a few scheduler steps into the operation starting now
-        (``Faults.op_crash_p``; replaying a schedule: where it has an op-crash or op-power)."""
+        (``Faults.op_crash_p``; replaying a schedule: where it has an op-crash or op-power).
+        The event is set once the crash landed, or was called off."""
         d = self.decisions
         n = d.reach("op")
         if d.replaying:
             if self.healed:
-                return
+                return None
             event = d.planned("op-crash", n) or d.planned("op-power", n)
         else:
             f = self.faults
@@ -475,25 +519,31 @@ class World:
                 and self._op_crashes < f.max_crashes
                 and self._op_rng.random() < f.op_crash_p
             ):
-                return
+                return None
             power = self._op_rng.random() < f.power_loss_p
             downtime = self._op_rng.uniform(0.0, f.downtime_max)
             steps = self._op_rng.randint(0, OP_CRASH_STEPS)
             event = FaultEvent("op-power" if power else "op-crash", n, downtime, steps=steps)
         if event is None:
-            return
+            return None
         self._op_crashes += 1
+        done = trio.Event()
         assert self._nursery is not None
-        self._nursery.start_soon(self._crash_into, inc, event)
+        self._nursery.start_soon(self._crash_into, inc, event, done)
+        return done
 
-    async def _crash_into(self, inc: Incarnation, event: FaultEvent) -> None:
-        for _ in range(event.steps):
-            await trio.lowlevel.checkpoint()
-        if inc is not self.current or not inc.alive or self.healed:
-            return  # another fault got there first, or the faults are over
-        self.history.note(f"crash {event.steps} steps into operation {int(event.at)}")
-        self.decisions.take(event)
-        self.crash(power_loss=event.kind == "op-power", restart_after=event.value)
+    async def _crash_into(self, inc: Incarnation, event: FaultEvent, done: trio.Event) -> None:
+        try:
+            for _ in range(event.steps):
+                await trio.lowlevel.checkpoint()
+            if inc is not self.current or not inc.alive or self.healed:
+                return  # another fault got there first, or the faults are over
+            self.history.note(f"crash {event.steps} steps into operation {int(event.at)}")
+            injected = self._inject(event, event.value)
+            if injected is not None:
+                self.decisions.take(injected)
+        finally:
+            done.set()
 
     def excused(self, exc: BaseException) -> bool:
         """Whether the world's faults explain ``exc`` while the host is up (never, on one

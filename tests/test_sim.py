@@ -369,3 +369,13 @@ def test_the_sweep_s_help_names_the_one_seed_commands() -> None:
     ).stdout
     for command in ("replay SEED", "hash SEED", "selfcheck SEED"):
         assert f"python -m sim {command}" in out
+
+
+def test_a_world_heals_its_own_copy_of_the_faults() -> None:
+    from examples.sim_counter.test_sim_counter import app
+
+    faults = Faults(op_crash_p=0.5, crash_after_sync_p=0.1)
+    world = World(app, seed=1, faults=faults)
+    world.heal()
+    assert (world.faults.op_crash_p, world.faults.crash_after_sync_p) == (0.0, 0.0)
+    assert (faults.op_crash_p, faults.crash_after_sync_p) == (0.5, 0.1)  # for the next world
