@@ -4,6 +4,7 @@ python -m sim --seeds 200 [--start 0] [--scenario all|kv|alarms|queues]
               [--faults all|none|crash,power,fsync,calls,alarms,buggify,store] [--bug NAME]
               [--check-determinism]
 python -m sim replay SEED [--scenario NAME] [--faults ...] [--bug NAME] [--all]
+                         [--schedule JSON] [--shrink [RUNS]]
 python -m sim hash SEED [--scenario NAME] [--faults ...] [--bug NAME]
 python -m sim selfcheck SEED [--scenario NAME] [--faults ...] [--bug NAME]
 """
@@ -18,10 +19,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .fault_schedule import FaultSchedule
 from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .report import around
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
+from .shrink import shrink
 
 try:  # the cluster needs the package's cluster extra (psycopg)
     from .cluster import CLUSTER_BUGS
@@ -78,7 +81,10 @@ def _scenarios(args: argparse.Namespace, many: bool) -> list[str]:
 
 
 _ONE_SEED = """one seed (each takes --scenario, --faults, --bug and --cluster as above):
-  python -m sim replay SEED [--all]   run it and print the history around what it broke
+  python -m sim replay SEED [--all]   run it and print the history around what it broke;
+                                      --shrink: first shrink its faults to a few that still
+                                      break the same invariants; --schedule JSON: exactly
+                                      these faults (one host)
   python -m sim hash SEED             print its trace hash
   python -m sim selfcheck SEED        run it twice, and once more under another
                                       PYTHONHASHSEED: the same trace hash each time"""
@@ -188,6 +194,37 @@ def print_replay(result: SeedResult, everything: bool, out: list[str]) -> None:
     out.extend(around(history, first.ops, first.entries))
 
 
+def _schedule(text: str) -> FaultSchedule:
+    try:
+        return FaultSchedule.from_text(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def shrunk_replay(
+    scenario: str, args: argparse.Namespace, result: SeedResult, out: list[str]
+) -> SeedResult:
+    """Shrink ``result``'s faults to a schedule that still breaks the same invariants; say
+    what it is and how to replay it, and return its run."""
+    broken = {v.invariant for v in result.violations}
+    runs: dict[str, SeedResult] = {}
+
+    def fails(candidate: FaultSchedule) -> bool:
+        run = run_seed(scenario, args.seed, args.bug, args.faults, False, candidate)
+        runs[candidate.to_text()] = run
+        return {v.invariant for v in run.violations} == broken
+
+    shrunk = shrink(result.schedule, fails, args.shrink)
+    text = shrunk.schedule.to_text()
+    out.append(f"its faults: {result.schedule.summary()}")
+    out.append(f"shrunk: {shrunk.report()}")
+    out.extend(f"  {line}" for line in shrunk.schedule.lines())
+    command = replay_command(args.seed, args.bug, scenario, args.faults)
+    out.append(f"replay the shrunk schedule: {command} --schedule '{text}'")
+    out.append("")
+    return runs.get(text, result)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("replay", "hash", "selfcheck"):
@@ -196,6 +233,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         _common_args(parser, many=False)
         if argv[0] == "replay":
             parser.add_argument("--all", action="store_true", help="print the whole history")
+            parser.add_argument(
+                "--schedule",
+                type=_schedule,
+                help="inject exactly these faults (a shrunk schedule, as printed)",
+            )
+            parser.add_argument(
+                "--shrink",
+                type=int,
+                nargs="?",
+                const=100,
+                default=0,
+                metavar="RUNS",
+                help="shrink a failure's faults first, in at most RUNS runs (default 100)",
+            )
         args = parser.parse_args(argv[1:])
         (scenario,) = _scenarios(args, many=False)
         if argv[0] == "hash":
@@ -204,8 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[0] == "selfcheck":
             ok = selfcheck(scenario, args.seed, args.bug, args.faults, args.cluster)
             return 0 if ok else 1
+        if args.cluster and (args.schedule is not None or args.shrink):
+            parser.error("--schedule and --shrink are for one host (not with --cluster)")
         out: list[str] = []
-        result = run_seed(scenario, args.seed, args.bug, args.faults, args.cluster)
+        result = run_seed(scenario, args.seed, args.bug, args.faults, args.cluster, args.schedule)
+        if args.shrink and not result.ok:
+            result = shrunk_replay(scenario, args, result, out)
         print_replay(result, args.all, out)
         print("\n".join(out))
         return 0 if result.ok else 1

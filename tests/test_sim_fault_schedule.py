@@ -3,6 +3,8 @@ schedule, and replaying the schedule gives the same run."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -121,3 +123,30 @@ def test_every_kind_is_described() -> None:
     for kind in KINDS:
         site = "s" if kind.startswith("buggify") else ""
         assert FaultEvent(kind, 1, 0.5, site).describe()
+
+
+def test_replay_shrinks_a_planted_bug_s_failure_to_the_fault_that_matters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sim.__main__ import main
+
+    args = ["replay", "5", "--scenario", "recurring", "--bug", "ignores-marker"]
+    assert main([*args, "--shrink"]) == 1
+    out = capsys.readouterr().out
+    shrunk = re.search(r"^shrunk: (\d+) faults -> (\d+) in (\d+) runs", out, re.M)
+    assert shrunk is not None and 1 <= int(shrunk[2]) < int(shrunk[1])
+    assert "VIOLATION recurring-once" in out
+    text = re.search(r"--schedule '(\[.*\])'$", out, re.M)
+    assert text is not None
+    assert main([*args, "--schedule", text[1]]) == 1  # the shrunk schedule alone breaks it
+    again = capsys.readouterr().out
+    assert "VIOLATION recurring-once" in again
+    assert run_seed("recurring", 5, schedule=FaultSchedule()).ok  # and nothing, nothing
+
+
+def test_replay_refuses_a_schedule_on_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["replay", "1", "--cluster", "--schedule", "[]"])
+    assert "for one host" in capsys.readouterr().err

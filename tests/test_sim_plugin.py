@@ -244,3 +244,10 @@ def test_the_plugin_costs_nothing_to_a_run_that_does_not_simulate() -> None:
     code = "import sys, sim.pytest_plugin; print(sorted({'actorkeep', 'trio'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_guide_shows_the_example_as_it_is() -> None:
+    root = Path(__file__).parent.parent
+    example = (root / "examples" / "sim_counter" / "test_sim_counter.py").read_text()
+    code = example[example.index("from __future__ import annotations") :]
+    assert f"```python\n{code}```" in (root / "docs" / "testing.md").read_text()
