@@ -80,9 +80,9 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'sim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+    # Not cached here: the module in sys.modules stays the one answer (pytester's runs
+    # forget the modules they imported, and a cached name would outlive its module).
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 __all__ = [

@@ -251,3 +251,95 @@ def test_the_guide_shows_the_example_as_it_is() -> None:
     example = (root / "examples" / "sim_counter" / "test_sim_counter.py").read_text()
     code = example[example.index("from __future__ import annotations") :]
     assert f"```python\n{code}```" in (root / "docs" / "testing.md").read_text()
+
+
+CONSUMERS = """
+import pytest
+import trio
+
+import actorkeep as ak
+import queues
+import sim
+
+app = ak.App()
+app.mount(queues.Queue, "queue", access="internal")
+
+
+@app.actor("mailer")
+class Mailer(ak.Actor):
+    migrations = ["CREATE TABLE handled (id TEXT NOT NULL)"]
+
+    @ak.queue.consumer
+    async def handle(self, msg: ak.queue.Lease) -> None:
+        await self.sql.exec_durable("INSERT INTO handled VALUES (?)", (msg.body.decode(),))
+
+    @ak.rpc
+    async def handled(self) -> list[str]:
+        return [row[0] for row in self.sql.exec("SELECT id FROM handled")]
+
+
+@app.actor("once")
+class Once(Mailer):
+    migrations = ["CREATE TABLE handled (id TEXT PRIMARY KEY)"]
+
+    @ak.queue.consumer
+    async def handle(self, msg: ak.queue.Lease) -> None:
+        await self.sql.exec_durable(
+            "INSERT OR IGNORE INTO handled VALUES (?)", (msg.body.decode(),)
+        )
+
+
+@app.actor("web")
+class Web(ak.Actor):
+    @ak.rpc
+    async def setup_queue(self, consumer: str) -> None:
+        await ak.queue.Client("queue/q").configure(ak.queue.Config(consumer=consumer, batch_size=4))
+
+    @ak.rpc
+    async def send(self, id: str) -> int:
+        return await ak.queue.Client("queue/q").send(id.encode())
+
+    @ak.rpc
+    async def pending(self) -> int:
+        st = await ak.queue.Client("queue/q").stats()
+        return st.ready + st.delayed + st.leased
+
+
+async def run(world: sim.World, consumer: str) -> None:
+    while (
+        await world.invoke(
+            "w", "setup", {}, lambda: world.rpc("web/w", "setup_queue", consumer=consumer)
+        )
+    ).status != "ok":
+        pass  # its host crashed before the answer: configure again (it is idempotent)
+    for i in range(20):
+        send = lambda i=i: world.rpc("web/w", "send", id=f"m{i}")  # noqa: E731
+        await world.invoke("w", "send", {"id": f"m{i}"}, send)
+    world.heal()
+    while await world.rpc("web/w", "pending"):
+        await trio.sleep(1)
+    effects = await world.rpc(consumer, "handled")
+    sim.expect_no_violations(sim.exactly_once(world.history, effects, kinds=["send"]))
+
+
+@pytest.mark.actorkeep_sim(app, seeds=60)
+async def test_idempotent_consumer(world: sim.World) -> None:
+    await run(world, "once/m")
+
+
+@pytest.mark.actorkeep_sim(app, seeds=60, shrink=0)
+async def test_consumer_that_counts_each_delivery(world: sim.World) -> None:
+    await run(world, "mailer/m")
+"""
+
+
+def test_exactly_once_effects_of_a_queue_s_push_consumer(pytester: pytest.Pytester) -> None:
+    # Push delivery is at least once: a consumer that records each delivery it gets counts a
+    # message twice after a crash between its handling and the ack; one that records by the
+    # message's own id does not.
+    pytester.makepyfile(test_consumers=CONSUMERS)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert re.search(r"_ test_consumer_that_counts_each_delivery _+\nseed \d+ failed", out)
+    assert re.search(r"exactly-once: 'm\d+' was handled 2 times", out)
