@@ -59,8 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(app, seeds=100, faults='all', timed=None, span=2.0, shrink=100, "
-        "host_options={}): run this async test once per seed in a simulated world (the "
-        "`world` fixture); docs/testing.md",
+        "host_options={}, time_limit=86400): run this async test once per seed in a "
+        "simulated world (the `world` fixture); docs/testing.md",
     )
     seeds = config.getoption("--actorkeep-seeds")
     if seeds is not None and seeds < 1:

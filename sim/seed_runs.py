@@ -21,11 +21,11 @@ from .invariants import CheckFailed
 from .report import around, tail
 from .runner import IDLE_TIMEOUTS
 from .shrink import Shrunk, shrink
-from .world import World
+from .world import TIME_LIMIT, World
 
 #: The chances that an operation of a test is interrupted by a crash (drawn per seed).
 OP_CRASH_P = (0.03, 0.1, 0.2)
-_ARGS = ("app", "seeds", "faults", "timed", "span", "shrink", "host_options")
+_ARGS = ("app", "seeds", "faults", "timed", "span", "shrink", "host_options", "time_limit")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class SimSpec:
     """What a marker asks for (``_ARGS``): the app; how many seeds; the faults, as kinds drawn
     per seed like ``python -m sim`` or fixed ``Faults``; timed crashes and power losses (None:
     drawn, 0 to 3) over the first ``span`` virtual seconds; at most ``shrink`` runs to shrink
-    a failure (0: none); more ``Host`` options."""
+    a failure (0: none); more ``Host`` options; the virtual seconds a run may take before
+    it fails as stuck."""
 
     app: App
     seeds: int = 100
@@ -42,6 +43,7 @@ class SimSpec:
     span: float = 2.0
     shrink: int = 100
     host_options: dict[str, Any] = field(default_factory=dict)
+    time_limit: float = TIME_LIMIT
 
 
 def spec_of(marker: pytest.Mark) -> SimSpec:
@@ -86,7 +88,10 @@ def spec_of(marker: pytest.Mark) -> SimSpec:
     options = given.get("host_options", {})
     if not isinstance(options, dict):
         raise ValueError("host_options= must be a dict of ak.Host keyword arguments")
-    return SimSpec(app, seeds, kinds, timed, float(span), runs, dict(options))
+    limit = given.get("time_limit", TIME_LIMIT)
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
+        raise ValueError(f"time_limit= must be virtual seconds > 0, not {limit!r}")
+    return SimSpec(app, seeds, kinds, timed, float(span), runs, dict(options), float(limit))
 
 
 _FAULTS = (
@@ -151,6 +156,7 @@ def run_one(
         timed = spec.timed
     options = {"idle_timeout": rng.choice(IDLE_TIMEOUTS), **spec.host_options}
     world = World(spec.app, seed, faults=faults, host_options=options, schedule=schedule)
+    world.time_limit = spec.time_limit
 
     async def main(w: World) -> None:
         async with trio.open_nursery() as nursery:

@@ -192,6 +192,10 @@ def test_a_test_that_runs_differently_each_time_is_called_out(
             "@pytest.mark.actorkeep_sim(app, faults='meteor')\nasync def test_x(world): pass",
             "unknown fault kinds ['meteor']",
         ),
+        (
+            "@pytest.mark.actorkeep_sim(app, time_limit=0)\nasync def test_x(world): pass",
+            "time_limit= must be virtual seconds > 0, not 0",
+        ),
         ("def test_x(world): pass", "the world fixture is for tests marked"),
         (
             "@pytest.fixture\nasync def thing():\n    return 1\n\n"
@@ -343,3 +347,18 @@ def test_exactly_once_effects_of_a_queue_s_push_consumer(pytester: pytest.Pytest
     out = result.stdout.str()
     assert re.search(r"_ test_consumer_that_counts_each_delivery _+\nseed \d+ failed", out)
     assert re.search(r"exactly-once: 'm\d+' was handled 2 times", out)
+
+
+def test_a_test_that_waits_for_ever_fails_at_its_time_limit(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_stuck=APP.format(write=DURABLE)
+        + textwrap.dedent("""
+        @pytest.mark.actorkeep_sim(app, seeds=1, faults="none", time_limit=60)
+        async def test_stuck(world: sim.World) -> None:
+            while await world.rpc("counter/a", "read") < 1:  # nobody increments it
+                await trio.sleep(1)
+        """)
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    assert "Stuck: the workload did not end within 60 virtual seconds" in result.stdout.str()
