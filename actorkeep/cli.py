@@ -21,7 +21,7 @@ import trio
 from .app import App
 from .front import ServerLimits, serve_http
 from .logs import LOG_LEVELS, configure_logging
-from .ops import commands, repair
+from .ops import commands, migrate, repair
 from .ops.admin import AdminFront, AdminOptions, admin_options, admin_server
 from .ops.cluster_view import ClusterView
 from .ops.source import TOKEN_ENV, forget_admin_file, write_admin_file
@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         "under the current directory changes",
     )
     commands.add_parsers(sub)
+    migrate.add_parser(sub)
     q = sub.add_parser(
         "quarantine",
         help="list the actors quarantined for damaged storage, or release one",
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(repair.quarantine(Path(args.data).resolve(), args.release))
     if args.command == "clock":
         raise SystemExit(repair.clock(Path(args.data).resolve(), args.reset))
+    if args.command == "migrate":
+        raise SystemExit(migrate.run(args, load_app))
     if args.command in commands.COMMANDS:
         configure_logging("console", "warning")  # a host run by --app logs to stderr
         raise SystemExit(commands.run(args, load_app))
