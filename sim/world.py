@@ -7,6 +7,7 @@
                                 lambda host: world.rpc("counter/a", "incr", by=2))
         world.crash()                 # kill -9: fenced, then cancelled, no graceful close
         await world.restart()
+        await world.deploy(app_v2)    # the next version of the app, from the next start on
         ...
 
     trace = world.run(main)          # trio.run under MockClock and the seeded scheduler
@@ -317,6 +318,13 @@ class World:
         new = await self.start()
         self.history.fault("restart", self.now(), host=new.number)
         return new
+
+    async def deploy(self, app: App, downtime: float = 0.0) -> Incarnation:
+        """Deploy a new version of the app: stop the host gracefully and start it again, after
+        ``downtime``, running ``app``, as every later start does (after a crash too)."""
+        self.app = app
+        self.history.fault("deploy", self.now())
+        return await self.restart(downtime)
 
     async def timed_faults(
         self, rng: random.Random, count: int, span: float, power_p: float

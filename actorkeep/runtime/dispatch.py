@@ -31,7 +31,7 @@ from .failures import Failures, quarantine_message
 from .faults import FaultHooks
 from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
-from .migrate import migrate
+from .migrate import Migrator
 from .registry import Quarantine
 from .sockets import INTERNAL, Sockets
 from .stats import HostStats
@@ -65,6 +65,7 @@ class Dispatcher:
         gate_class: type[Gate] = Gate,
         stats: HostStats | None = None,
         sockets: Sockets | None = None,
+        migrator: Migrator | None = None,
     ) -> None:
         self.host = host
         #: The host's WebSockets (sockets.py).
@@ -72,6 +73,7 @@ class Dispatcher:
         self.sockets.runner = self
         self.stats = stats if stats is not None else HostStats()
         self.gate_class = gate_class
+        self.migrator = migrator if migrator is not None else Migrator()
         self.classes = classes
         self.activations = Activations(idle_timeout, max_active, self.start_worker, self.stats)
         self.timeouts = timeouts
@@ -394,7 +396,7 @@ class Dispatcher:
         if inst is None:
             if act.db is None:
                 await act.open()
-            await migrate(act)
+            await self.migrator.migrate(act)
             inst = act.new_instance()
             await inst.setup()
         return inst

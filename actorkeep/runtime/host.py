@@ -48,6 +48,7 @@ from .gate import Gate
 from .handoff import CallTimeouts, check_timeout
 from .hostdb import HostDb, open_host_db
 from .intake import creation_refused, event_for
+from .migrate import Migrator
 from .rebuild import rebuild_if_needed
 from .registry import Quarantine, Registrar, Registry
 from .removal import Remover
@@ -69,10 +70,11 @@ class Host:
     """Runs the actors of an ``App`` on one trio thread. Use ``async with host.open():``.
 
     ``alarm_scheduler`` is the class of the alarm scheduler, ``gate`` that of the actors'
-    output gates and ``remover`` that of ``remove()``: subclasses only for the simulator's
-    planted bugs. ``router(host)`` makes the router every call and outside request goes
-    through (``LocalRouter``: this host serves every address; the cluster's checks its leases
-    and forwards the rest), and ``alarm_index(host_db)`` the alarm index (``LocalAlarmIndex``,
+    output gates, ``remover`` that of ``remove()`` and ``migrator`` that of what applies
+    migrations at activation: subclasses only for the simulator's planted bugs.
+    ``router(host)`` makes the router every call and outside request goes through
+    (``LocalRouter``: this host serves every address; the cluster's checks its leases and
+    forwards the rest), and ``alarm_index(host_db)`` the alarm index (``LocalAlarmIndex``,
     in the host database; the cluster's is in PostgreSQL).
     """
 
@@ -96,6 +98,7 @@ class Host:
         router: Callable[[Target], Router] = LocalRouter,
         alarm_index: Callable[[HostDb], AlarmIndex] = LocalAlarmIndex,
         remover: type[Remover] = Remover,
+        migrator: type[Migrator] = Migrator,
         socket_limits: SocketLimits | None = None,
     ) -> None:
         if idle_timeout <= 0 or max_active < 1 or max_pending < 1 or max_body < 0:
@@ -149,6 +152,7 @@ class Host:
             gate,
             self.stats,
             self.sockets,
+            migrator(),
         )
         self.activations = self.dispatcher.activations
         direct = DirectCalls(

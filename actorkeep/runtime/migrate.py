@@ -3,24 +3,40 @@
 
 from __future__ import annotations
 
-from ..migrations import apply, pending
+from ..migrations import Step, apply, pending
 from .activation import Activation
 
 
-async def migrate(act: Activation) -> None:
-    """Bring the actor's database to its class's last migration, durably, before any
-    instance runs on it. ``MigrationError`` if a migration fails (the database stays at the
-    version before it) or the database is newer than the class (a downgrade)."""
-    steps = act.actor_class.cls._ak_migration_steps
-    if not steps:
-        return  # a class without migrations: user_version is the app's own
-    db = act.db
-    assert db is not None, "migrate() runs on an open database"
-    _, todo = pending(db.conn, steps, act.address)
-    if not todo:
-        return
-    for step in todo:
-        apply(db.conn, step, act.address)
-    # One fsync for them all: each commit is atomic, so power loss before it leaves the
-    # database at one of the versions in between, which the next open carries on from.
-    await act.sync()
+class Migrator:
+    """Brings an actor's database to its class's last migration before any instance runs on
+    it. The host makes one (``Host(migrator=...)``: a subclass only for the simulator's
+    planted bugs)."""
+
+    async def migrate(self, act: Activation) -> None:
+        """Apply the migrations the actor's database lacks, each in its own transaction with
+        its version, then make them durable: ``MigrationError`` if one fails (the database
+        stays at the version before it) or the database is newer than the class (a
+        downgrade)."""
+        steps = act.actor_class.cls._ak_migration_steps
+        if not steps:
+            return  # a class without migrations: user_version is the app's own
+        db = act.db
+        assert db is not None, "migrate() runs on an open database"
+        _, todo = pending(db.conn, steps, act.address)
+        if not todo:
+            return
+        for step in todo:
+            await self.apply(act, step)
+        # One fsync for them all: each commit is atomic, so power loss before it leaves the
+        # database at one of the versions in between, which the next open carries on from.
+        await self.settle(act)
+
+    async def apply(self, act: Activation, step: Step) -> None:
+        """Run ``step`` and set the version it brings, in one transaction (committed)."""
+        assert act.db is not None
+        apply(act.db.conn, step, act.address)
+
+    async def settle(self, act: Activation) -> None:
+        """Make the migrations applied durable, before the actor's instance is made (its
+        replies could reveal them)."""
+        await act.sync()

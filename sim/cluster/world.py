@@ -359,6 +359,21 @@ class ClusterWorld(World):
             await trio.sleep(downtime)
         return await self.start()
 
+    async def deploy(self, app: App, downtime: float = 0.0) -> Incarnation:
+        """Stop every host gracefully, then start each machine's again, after ``downtime``,
+        running ``app`` (not a rolling deploy: no host of the old version serves beside one of
+        the new)."""
+        self.app = app
+        self.history.fault("deploy", self.now())
+        while stale := sorted(m for m, inc in self.live.items() if inc.host.app is not app):
+            for machine in stale:
+                await self.stop_host(machine)
+        if downtime > 0:
+            await trio.sleep(downtime)
+        for machine in range(self.machines):
+            await self.restart_host(machine, 0.0)
+        return await self.wait_up()
+
     async def restart_host(
         self,
         machine: int,
