@@ -8,6 +8,7 @@ from .alarms import ALARMS
 from .fault_schedule import FaultSchedule
 from .faults import ALL_FAULTS
 from .kv import KV
+from .migrations import MIGRATIONS
 from .queues import QUEUES
 from .queues.features import QUEUE_FEATURES
 from .queues.recurring import RECURRING
@@ -16,7 +17,7 @@ from .runner import run_seed as run_scenario_seed
 from .schedules import SCHEDULES
 
 SCENARIOS: dict[str, Scenario[Any]] = {
-    s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES, SCHEDULES, RECURRING)
+    s.name: s for s in (KV, ALARMS, QUEUES, QUEUE_FEATURES, SCHEDULES, RECURRING, MIGRATIONS)
 }
 
 
