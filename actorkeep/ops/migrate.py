@@ -78,6 +78,9 @@ def run(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
         return 2
     try:
         app = load_app(args.app)
+    except SystemExit as exc:  # its one line: not MODULE:APP, not importable, not an App
+        print(exc.code, file=sys.stderr)
+        return 2
     except Exception as exc:  # the module raised while imported (a bad declaration)
         print(f"actorkeep migrate: cannot import {args.app!r}: {_why(exc)}", file=sys.stderr)
         return 2
