@@ -11,8 +11,7 @@ import pytest
 import actorkeep as ak
 import sim
 from sim.migrations.app import REFUND_REFUSED
-from sim.runner import run_seed as run_scenario_seed
-from sim.scenarios import SCENARIOS, run_seed
+from sim.scenarios import run_seed
 
 
 def test_a_sweep_is_clean_and_migrates_through_deploys_crashes_and_power_loss() -> None:
@@ -33,7 +32,7 @@ def test_a_sweep_is_clean_and_migrates_through_deploys_crashes_and_power_loss() 
 
 def test_a_cluster_deploys_every_host() -> None:
     for seed in (1, 2):
-        result = run_scenario_seed(SCENARIOS["migrations"], seed, cluster=True)
+        result = run_seed("migrations", seed, cluster=True)
         assert result.ok, [str(v) for v in result.violations]
         assert sum(f.kind == "deploy" for f in result.history.faults) == 2
 
