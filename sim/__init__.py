@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .queues import check_queue
     from .runner import Scenario, SeedResult, Setup
     from .scenarios import SCENARIOS, run_seed
-    from .shrink import Shrunk, shrink
+    from .shrinking import Shrunk, shrink
     from .storage import Fenced, SimDatabase, SimStorage, SimStorageView
     from .world import Incarnation, World
 
@@ -52,7 +52,7 @@ _WHERE = {
     "Scenario": "runner",
     "SeedResult": "runner",
     "Setup": "runner",
-    "Shrunk": "shrink",
+    "Shrunk": "shrinking",
     "SimDatabase": "storage",
     "SimStorage": "storage",
     "SimStorageView": "storage",
@@ -72,7 +72,7 @@ _WHERE = {
     "expect_no_violations": "invariants",
     "register": "models",
     "run_seed": "scenarios",
-    "shrink": "shrink",
+    "shrink": "shrinking",
 }
 
 

@@ -24,7 +24,7 @@ from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .report import around
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
-from .shrink import shrink
+from .shrinking import shrink
 
 try:  # the cluster needs the package's cluster extra (psycopg)
     from .cluster import CLUSTER_BUGS

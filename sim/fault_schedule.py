@@ -7,7 +7,7 @@ world run from a seed draws each decision from the seed's random streams and rec
 that injected something (``FaultDecisions.taken``). A world given a schedule draws nothing: a
 decision injects a fault exactly where the schedule has one. Replaying the schedule a seed
 recorded gives the same run (the same trace hash); a schedule with fewer or milder faults gives
-another run, as deterministic, which is what shrinking (``sim/shrink.py``) explores.
+another run, as deterministic, which is what shrinking (``sim/shrinking.py``) explores.
 
 The kinds, with what ``at`` counts and what ``value`` holds:
 

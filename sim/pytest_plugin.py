@@ -7,7 +7,7 @@
 A marked ``async def`` test that takes the ``world`` fixture runs once per seed, each time in
 a fresh ``sim.World`` (seeded scheduler, virtual time, injected faults) that owns the
 ``trio.run``. The first seed that fails is reported with its replay command, its faults
-shrunk to a smaller schedule that still fails (``sim/shrink.py``) and the history around the
+shrunk to a smaller schedule that still fails (``sim/shrinking.py``) and the history around the
 failure (docs/testing.md).
 
 Options: ``--actorkeep-seeds N`` and ``--actorkeep-start S`` (which seeds), ``--actorkeep-replay

@@ -20,7 +20,7 @@ from .faults import FAULT_KINDS, Faults, draw_faults, parse_faults
 from .invariants import CheckFailed
 from .report import around, tail
 from .runner import IDLE_TIMEOUTS
-from .shrink import Shrunk, shrink
+from .shrinking import Shrunk, shrink
 from .world import TIME_LIMIT, World
 
 #: The chances that an operation of a test is interrupted by a crash (drawn per seed).

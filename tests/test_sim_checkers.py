@@ -1,5 +1,5 @@
 """The checkers users run on their own apps' histories (sim/models.py, sim/invariants.py)
-and the shrinking of fault schedules (sim/shrink.py), each shown to pass a good history and
+and the shrinking of fault schedules (sim/shrinking.py), each shown to pass a good history and
 to fail a bad one."""
 
 from __future__ import annotations
@@ -244,3 +244,18 @@ def test_a_crash_counted_in_steps_is_re_aimed_when_a_fault_before_it_goes() -> N
         (FaultEvent("op-power", 5, 0.0, files=("actors/a",), steps=3),)
     )
     assert shrunk.tried["drop and re-aim"][1] == 1
+
+
+def test_every_name_of_sim_is_what_it_says_whatever_was_imported_before() -> None:
+    # A submodule imported under a name the package exports would shadow it.
+    import importlib
+    import pkgutil
+
+    import sim
+
+    for module in pkgutil.iter_modules(sim.__path__):
+        importlib.import_module(f"sim.{module.name}")
+    for name in sim.__all__:
+        value = getattr(sim, name)
+        assert getattr(value, "__name__", name) == name or not callable(value), name
+        assert not isinstance(value, type(sim)), f"sim.{name} is a module"
