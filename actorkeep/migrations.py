@@ -172,6 +172,16 @@ def pending(
     return version, list(steps[version:])
 
 
+def run(conn: sqlite3.Connection, step: Step) -> None:
+    """The migration's statements, or its function, on ``conn`` as it is (no transaction of
+    its own, no version: ``apply`` gives both)."""
+    if step.fn is not None:
+        step.fn(MigrationSql(conn))
+    else:
+        for statement in step.statements:
+            conn.execute(statement)
+
+
 def apply(conn: sqlite3.Connection, step: Step, address: str) -> None:
     """Run ``step`` and set ``user_version`` to its number in one transaction, committed
     (not synced: the caller makes it durable). On failure everything is rolled back and
@@ -194,11 +204,7 @@ def apply(conn: sqlite3.Connection, step: Step, address: str) -> None:
     try:
         conn.set_authorizer(authorize)
         try:
-            if step.fn is not None:
-                step.fn(MigrationSql(conn))
-            else:
-                for statement in step.statements:
-                    conn.execute(statement)
+            run(conn, step)
         finally:
             conn.set_authorizer(None)
         if not conn.in_transaction:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from actorkeep.errors import MigrationError
-from actorkeep.migrations import MigrationSql, Step
+from actorkeep.migrations import Step, run
 from actorkeep.runtime.activation import Activation
 from actorkeep.runtime.gate import Gate
 from actorkeep.runtime.migrate import Migrator
@@ -18,11 +18,7 @@ def _run(conn: sqlite3.Connection, step: Step, address: str) -> None:
     """The migration's statements or function on ``conn`` as it is, with no transaction of
     its own; ``MigrationError`` naming it if it fails."""
     try:
-        if step.fn is not None:
-            step.fn(MigrationSql(conn))
-        else:
-            for statement in step.statements:
-                conn.execute(statement)
+        run(conn, step)
     except Exception as exc:
         raise MigrationError(
             f"{address}: {step.label()} failed: {type(exc).__name__}: {exc}",
