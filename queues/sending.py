@@ -193,32 +193,45 @@ def _remembering(sql: Sql) -> bool:
 
 
 def _live_groups(sql: Sql, groups: set[str]) -> set[str]:
-    """Those of ``groups`` that have a live message."""
-    if not groups:
-        return set()
-    rows = sql.exec(
-        f"SELECT DISTINCT grp FROM actorkeep_queue WHERE grp IN ({','.join('?' * len(groups))})",
-        tuple(groups),
-    ).fetchall()
-    return {r[0] for r in rows}
+    """Those of ``groups`` that have a live message (one index seek each, however many
+    messages a group holds)."""
+    live: set[str] = set()
+    names = sorted(groups)
+    for at in range(0, len(names), _CHUNK):
+        chunk = names[at : at + _CHUNK]
+        rows = sql.exec(
+            f"WITH g(name) AS (VALUES {_rows(len(chunk))}) SELECT name FROM g "
+            "WHERE EXISTS (SELECT 1 FROM actorkeep_queue WHERE grp = g.name)",
+            tuple(chunk),
+        ).fetchall()
+        live.update(r[0] for r in rows)
+    return live
 
 
 def promote(sql: Sql, now: float, groups: set[str]) -> None:
     """After messages of ``groups`` left the queue: each group's lowest id becomes its head,
-    leasable from now (or from its own delay), behind the heads that were ready before it."""
+    leasable from now (or from its own delay), behind the heads that were ready before it.
+    One index seek per group: a ``MIN(id) ... WHERE grp IN (...) GROUP BY grp`` read every
+    message of each group, and a group of 100,000 made each ack cost 10 ms."""
     names = sorted(groups)
     for at in range(0, len(names), _CHUNK):
         chunk = names[at : at + _CHUNK]
         sql.exec(
             "UPDATE actorkeep_queue SET blocked = 0, visible_at = MAX(visible_at, ?) "
             # ``+blocked``: find the heads by id, not by scanning every blocked message
-            "WHERE +blocked = 1 AND id IN (SELECT MIN(id) FROM actorkeep_queue "
-            f"WHERE grp IN ({','.join('?' * len(chunk))}) GROUP BY grp)",
+            f"WHERE +blocked = 1 AND id IN (WITH g(name) AS (VALUES {_rows(len(chunk))}) "
+            "SELECT (SELECT MIN(id) FROM actorkeep_queue WHERE grp = g.name) FROM g)",
             (now, *chunk),
         )
 
 
-#: Groups per statement of ``promote`` (SQLite binds at most 32,766 parameters).
+def _rows(n: int) -> str:
+    """``(?),(?),...``: ``n`` rows of one parameter, for a ``VALUES`` list."""
+    return ",".join(["(?)"] * n)
+
+
+#: Groups per statement of ``promote`` and ``_live_groups`` (SQLite binds at most 32,766
+#: parameters).
 _CHUNK = 500
 
 

@@ -3,9 +3,11 @@ attempts, fail, workers, recurring sends (docs/queues.md)."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -554,6 +556,54 @@ def test_the_queue_s_hot_statements_use_their_indexes() -> None:
     ((statement, params),) = q.statements
     plan = q.plan(statement, params)
     assert "INTEGER PRIMARY KEY" in plan and "actorkeep_queue_heads" not in plan, plan
+
+
+def vm_steps(q: MemoryQueue, run: Callable[[], object]) -> int:
+    """SQLite virtual machine instructions ``run`` took (counted by hundreds)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 100
+        return 0
+
+    q.conn.set_progress_handler(count, 100)
+    try:
+        run()
+    finally:
+        q.conn.set_progress_handler(None, 0)
+    return steps
+
+
+def test_a_hot_group_costs_its_sends_and_acks_no_more_than_a_small_one() -> None:
+    """A group's next head and a send's "is this group live?" are one index seek each,
+    whatever the group holds: 50,000 waiting messages in one group cost what 2 do."""
+    from queues.sending import _live_groups, promote
+
+    q = MemoryQueue()
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) "
+        "VALUES (x'00', 0, 0, ?, 1)",
+        [("hot",)] * 50_000 + [("small",)] * 2,
+    )
+
+    def ack_head(group: str) -> None:
+        q.conn.execute(
+            "DELETE FROM actorkeep_queue WHERE id = "
+            "(SELECT MIN(id) FROM actorkeep_queue WHERE grp = ?)",
+            (group,),
+        )
+
+    sql = cast(Any, q)  # the helpers take it for the actor's Sql
+    costs = {}
+    for group in ("hot", "small"):
+        ack_head(group)
+        promoted = vm_steps(q, functools.partial(promote, sql, 1.0, {group}))
+        live = vm_steps(q, functools.partial(_live_groups, sql, {group}))
+        costs[group] = promoted + live
+    assert costs["hot"] <= costs["small"] + 200, costs  # a full scan: about 500,000
+    heads = q.conn.execute("SELECT grp, id FROM actorkeep_queue WHERE blocked = 0").fetchall()
+    assert heads == [("hot", 2), ("small", 50_002)]
 
 
 @settings(max_examples=60, deadline=None)
