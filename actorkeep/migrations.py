@@ -46,6 +46,7 @@ class Step:
     fn: MigrationFn | None = None
 
     def label(self) -> str:
+        """``"migration 2 (split_name)"``, as errors name it."""
         return f"migration {self.number} ({self.name})"
 
 

@@ -207,12 +207,15 @@ def shrunk_replay(
     """Shrink ``result``'s faults to a schedule that still breaks the same invariants; say
     what it is and how to replay it, and return its run."""
     broken = {v.invariant for v in result.violations}
-    runs: dict[str, SeedResult] = {}
+    best = result  # the run of the smallest failing schedule so far (only that one is kept)
 
     def fails(candidate: FaultSchedule) -> bool:
+        nonlocal best
         run = run_seed(scenario, args.seed, args.bug, args.faults, False, candidate)
-        runs[candidate.to_text()] = run
-        return {v.invariant for v in run.violations} == broken
+        failed = {v.invariant for v in run.violations} == broken
+        if failed:
+            best = run
+        return failed
 
     shrunk = shrink(result.schedule, fails, args.shrink)
     text = shrunk.schedule.to_text()
@@ -222,7 +225,7 @@ def shrunk_replay(
     command = replay_command(args.seed, args.bug, scenario, args.faults)
     out.append(f"replay the shrunk schedule: {command} --schedule '{text}'")
     out.append("")
-    return runs.get(text, result)
+    return best
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,6 +105,7 @@ class FaultEvent:
 
     @property
     def key(self) -> tuple[str, str, float]:
+        """Where it happens: no two faults of a schedule share one."""
         return (self.kind, self.site, self.at)
 
     def describe(self) -> str:
@@ -133,6 +134,7 @@ class FaultEvent:
         return text[k]
 
     def as_json(self) -> dict[str, Any]:
+        """The fault as ``to_text`` writes it (fields at their defaults left out)."""
         out: dict[str, Any] = {"kind": self.kind, "at": self.at}
         if self.value:
             out["value"] = self.value
@@ -164,13 +166,16 @@ class FaultSchedule:
         return len(self.events)
 
     def timed(self) -> list[FaultEvent]:
+        """The faults at a virtual time (crash, power), in time order."""
         return [e for e in self.events if e.kind in TIMED]
 
     def without(self, drop: Iterable[FaultEvent]) -> FaultSchedule:
+        """This schedule less the faults of ``drop``."""
         gone = set(drop)
         return FaultSchedule(tuple(e for e in self.events if e not in gone))
 
     def replacing(self, old: FaultEvent, new: FaultEvent) -> FaultSchedule:
+        """This schedule with ``new`` in place of ``old``."""
         return FaultSchedule(tuple(new if e == old else e for e in self.events))
 
     def counts(self) -> dict[str, int]:
@@ -183,6 +188,7 @@ class FaultSchedule:
         return f"{len(self)} fault{'s' if len(self) != 1 else ''}" + (f": {kinds}" if kinds else "")
 
     def lines(self) -> list[str]:
+        """Each fault in words, in order."""
         return [e.describe() for e in self.events]
 
     def to_text(self) -> str:
@@ -243,6 +249,7 @@ class FaultDecisions:
 
     @property
     def replaying(self) -> bool:
+        """Whether the faults come from a schedule (not drawn from the seed)."""
         return self.schedule is not None
 
     def reach(self, place: str) -> int:
@@ -255,6 +262,7 @@ class FaultDecisions:
         return self._planned.get((kind, site, at))
 
     def take(self, event: FaultEvent) -> FaultEvent:
+        """Keep ``event`` as injected (``recorded`` gives them back); returns it."""
         self.taken.append(event)
         return event
 

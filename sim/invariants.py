@@ -68,26 +68,29 @@ def exactly_once(
     id_of: Callable[[Op], Hashable] = _by_id,
 ) -> list[Violation]:
     """The ids a consumer recorded (``effects``, read after the heal, once the queue
-    drained) against the sends (``ok`` operations of ``kinds``): each acknowledged send's id
-    exactly once; a send whose outcome is unknown at most once; a failed one never, and no
-    id that was never sent."""
+    drained) against the sends (operations of ``kinds``), all the sends of one id together (a
+    send retried under its id is one message): an id with an acknowledged send handled exactly
+    once; one whose sends' outcomes are unknown at most once; one whose every send was refused
+    never; and no id that was never sent."""
     seen = Counter(effects)
     out: list[Violation] = []
-    sent: dict[Hashable, Op] = {}
+    sends: dict[Hashable, list[Op]] = {}
     for op in history.ops:
-        if op.kind not in kinds:
-            continue
-        key = id_of(op)
-        sent[key] = op
+        if op.kind in kinds:
+            sends.setdefault(id_of(op), []).append(op)
+    for key, ops in sends.items():
         n = seen.get(key, 0)
-        if op.status == "ok" and n == 0:
-            out.append(Violation("exactly-once", f"{key!r} was sent and never handled", (op.id,)))
-        elif op.status == "fail" and n:
+        statuses = {op.status for op in ops}
+        acked = [op for op in ops if op.status == "ok"]
+        involved = tuple(op.id for op in (acked or ops))
+        if acked and n == 0:
+            out.append(Violation("exactly-once", f"{key!r} was sent and never handled", involved))
+        elif statuses == {"fail"} and n:
             out.append(
-                Violation("exactly-once", f"{key!r} was refused, and handled {n} times", (op.id,))
+                Violation("exactly-once", f"{key!r} was refused, and handled {n} times", involved)
             )
         elif n > 1:
-            out.append(Violation("exactly-once", f"{key!r} was handled {n} times", (op.id,)))
-    for key in sorted(set(seen) - set(sent), key=repr):
+            out.append(Violation("exactly-once", f"{key!r} was handled {n} times", involved))
+    for key in sorted(set(seen) - set(sends), key=repr):
         out.append(Violation("exactly-once", f"{key!r} was handled and never sent"))
     return out

@@ -23,6 +23,8 @@ from .runner import IDLE_TIMEOUTS
 from .shrinking import Shrunk, shrink
 from .world import TIME_LIMIT, World
 
+#: What ``pytest.fail()`` raises (a BaseException): a failure of the seed, not of the run.
+_FAILED = pytest.fail.Exception
 #: The chances that an operation of a test is interrupted by a crash (drawn per seed).
 OP_CRASH_P = (0.03, 0.1, 0.2)
 _ARGS = ("app", "seeds", "faults", "timed", "span", "shrink", "host_options", "time_limit")
@@ -110,6 +112,7 @@ class SeedRun:
 
     @property
     def signature(self) -> Hashable:
+        """What makes its failure the same as another's (``signature``)."""
         return signature(self.error)
 
 
@@ -166,13 +169,23 @@ def run_one(
 
     try:
         world.run(main)
-    except Exception as exc:
+    except (Exception, _FAILED) as exc:  # pytest.fail() in the test: that seed failed
         return SeedRun(seed, world, exc)
-    except BaseExceptionGroup as group:  # a KeyboardInterrupt in a group goes on up
-        if group.subgroup(lambda e: not isinstance(e, Exception)) is not None:
+    except BaseExceptionGroup as group:  # a KeyboardInterrupt or a skip goes on up
+        if group.subgroup(_goes_on_up) is not None:
             raise
         return SeedRun(seed, world, group)
     return SeedRun(seed, world, None)
+
+
+def _quoted(text: str) -> str:
+    """``text`` in single quotes for a POSIX shell (a quote inside it closed and escaped)."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _goes_on_up(exc: BaseException) -> bool:
+    """Whether ``exc`` (a leaf, not a group) ends the test run rather than the seed."""
+    return not isinstance(exc, BaseExceptionGroup | Exception | _FAILED)
 
 
 def failure_report(
@@ -188,14 +201,14 @@ def failure_report(
     history around the failure."""
     assert run.error is not None
     seed = run.seed
-    replay = f"pytest '{nodeid}' --actorkeep-replay {seed}"
+    replay = f"pytest {_quoted(nodeid)} --actorkeep-replay {seed}"
     recorded = run.world.decisions.recorded()
     lines = [
         f"seed {seed} failed ({passed} seeds passed before it):",
         *_indent(_error_lines(run.error)),
         "",
         f"replay it: {replay}"
-        + (f" --actorkeep-schedule '{schedule.to_text()}'" if schedule else ""),
+        + (f" --actorkeep-schedule {_quoted(schedule.to_text())}" if schedule else ""),
         f"its faults: {recorded.summary()}",
     ]
     again = run_one(spec, test, kwargs, seed, schedule)
@@ -206,13 +219,19 @@ def failure_report(
         )
     shown = run
     if schedule is None and spec.shrink > 0 and len(recorded) > 0:
-        shrunk, shown = _shrink(spec, test, kwargs, run, recorded)
+        shrunk, shown, replays = _shrink(spec, test, kwargs, run, recorded)
         lines.append(f"shrunk: {shrunk.report()}")
         lines.extend(_indent(shrunk.schedule.lines() or ["(no fault at all: it fails anyway)"]))
         lines.append(
             f"replay the shrunk schedule: {replay} --actorkeep-schedule "
-            f"'{shrunk.schedule.to_text()}'"
+            f"{_quoted(shrunk.schedule.to_text())}"
         )
+        if not replays:
+            lines.append(
+                "NOT DETERMINISTIC: that schedule did not run the same way twice (the app "
+                "reads time or randomness outside self.now() and self.rng, or keeps state "
+                "across runs): the replay command may not fail"
+            )
         if shown is not run:
             lines.append(f"(that run: {_error_lines(shown.error)[-1]})")
     lines.append("")
@@ -226,23 +245,22 @@ def _shrink(
     kwargs: dict[str, Any],
     run: SeedRun,
     recorded: FaultSchedule,
-) -> tuple[Shrunk, SeedRun]:
-    runs: dict[str, SeedRun] = {}
+) -> tuple[Shrunk, SeedRun, bool]:
+    best = run  # the run of the smallest failing schedule so far (only that one is kept)
 
     def fails(candidate: FaultSchedule) -> bool:
+        nonlocal best
         attempt = run_one(spec, test, kwargs, run.seed, candidate)
-        runs[candidate.to_text()] = attempt
-        return attempt.signature == run.signature
+        failed = attempt.signature == run.signature
+        if failed:
+            best = attempt
+        return failed
 
     shrunk = shrink(recorded, fails, spec.shrink)
-    best = runs.get(shrunk.schedule.to_text(), run)
-    if best is not run:  # the shrunk schedule replays exactly
-        again = run_one(spec, test, kwargs, run.seed, shrunk.schedule)
-        if again.world.trace_hash() != best.world.trace_hash():
-            raise AssertionError(
-                "the shrunk schedule did not replay exactly: the app is not deterministic"
-            )
-    return shrunk, best
+    # The schedule printed must replay exactly: run it once more (the recorded one too, when
+    # nothing smaller failed: replaying a seed's own schedule gives the seed's run).
+    again = run_one(spec, test, kwargs, run.seed, shrunk.schedule)
+    return shrunk, best, again.world.trace_hash() == best.world.trace_hash()
 
 
 def _error_lines(error: BaseException | None) -> list[str]:

@@ -159,7 +159,9 @@ def _drop_chunks(schedule: FaultSchedule) -> Iterator[FaultSchedule]:
 def _milder(schedule: FaultSchedule) -> Iterator[FaultSchedule]:
     for event in schedule.events:
         if event.kind in _MILDER:
-            yield schedule.replacing(event, replace(event, kind=_MILDER[event.kind], files=()))
+            milder = replace(event, kind=_MILDER[event.kind], files=())
+            if not _clashes(schedule, milder, milder.at):
+                yield schedule.replacing(event, milder)
     for event in schedule.events:
         if len(event.files) > 1:  # a power loss that rolls back fewer files
             for file in event.files:

@@ -421,6 +421,8 @@ class World:
             event = FaultEvent(kind, n, downtime)
         else:
             return
+        if self.current is None or not self.current.alive:
+            return  # between incarnations (a new host syncing as it starts): nothing to crash
         self.history.note(f"crash right after {what}")
         done = self._inject(event, downtime)
         if done is not None:

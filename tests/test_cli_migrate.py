@@ -193,3 +193,17 @@ async def test_files_of_a_running_host_are_copied_beside_it(
     assert conn.execute("PRAGMA user_version").fetchone() == (1,)
     assert conn.execute("SELECT count(*) FROM note").fetchone() == (3,)
     conn.close()
+
+
+async def test_a_dry_run_enforces_foreign_keys_as_the_host_does(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await fill(data_dir)
+    status, out, _ = migrate(
+        capsys, f"{APP}:dangling", "notes", "--dry-run", "--data", str(data_dir)
+    )
+    assert status == 1
+    assert "FOREIGN KEY constraint failed" in out and "migration 3" in out
+    async with open_host(migrate_app.dangling, data_dir) as host:  # the host agrees
+        resp = await host.request("POST", "/notes/a/_rpc/add", json={"body": "x"})
+        assert resp.status == 500 and b"FOREIGN KEY constraint failed" in resp.body

@@ -285,3 +285,39 @@ def test_statements_split_where_sqlite_ends_them() -> None:
     ]
     with pytest.raises(ValueError, match="incomplete SQL statement"):
         split_statements("SELECT 'unterminated;")
+
+
+def test_the_version_a_failing_migration_reports_survives_power_loss() -> None:
+    """The error says the database stays at the version before the failing migration: the
+    ones applied before it in that activation are durable by then, so a power loss right
+    after the error leaves the file there."""
+    from sim import Faults, World
+
+    def app_of(declared: list[ak.Migration]) -> ak.App:
+        app = ak.App()
+
+        @app.actor("book")
+        class Book(ak.Actor):
+            migrations = declared
+
+            @ak.rpc
+            async def version(self) -> int:
+                return int(self.sql.exec("PRAGMA user_version").fetchone()[0])
+
+        return app
+
+    failing = app_of(["CREATE TABLE a (x)", "CREATE TABLE b (x)", "SELECT nope FROM a"])
+    reader = app_of([])  # no migrations: user_version is read as the file has it
+
+    async def scenario(world: World) -> int:
+        try:
+            await world.rpc("book/one", "version")
+        except ak.RemoteError as exc:
+            assert exc.error == "MigrationError" and "stays at version 2" in exc.message
+        else:
+            raise AssertionError("the third migration should fail")
+        world.crash(power_loss=True)
+        await world.deploy(reader)
+        return int(await world.rpc("book/one", "version"))
+
+    assert World(failing, seed=1, faults=Faults(rollback_p=1.0)).run(scenario) == 2

@@ -174,6 +174,17 @@ def test_exactly_once_effects() -> None:
     ]
 
 
+def test_a_send_retried_under_its_id_is_one_message() -> None:
+    r = Recorder()
+    r.op("a", "send", "fail", None, id=1)  # refused, then sent again and acknowledged
+    r.op("a", "send", "ok", None, id=1)
+    r.op("a", "send", "unknown", None, id=2)
+    r.op("a", "send", "ok", None, id=2)
+    assert exactly_once(r.history, [1, 2], kinds=["send"]) == []
+    found = [v.message for v in exactly_once(r.history, [1, 1], kinds=["send"])]
+    assert found == ["1 was handled 2 times", "2 was sent and never handled"]
+
+
 def test_expect_no_violations_raises_with_all_of_them() -> None:
     r = Recorder()
     r.op("a", "send", "ok", None, id=1)
@@ -259,3 +270,10 @@ def test_every_name_of_sim_is_what_it_says_whatever_was_imported_before() -> Non
         value = getattr(sim, name)
         assert getattr(value, "__name__", name) == name or not callable(value), name
         assert not isinstance(value, type(sim)), f"sim.{name} is a module"
+
+
+def test_a_milder_fault_never_clashes_with_another_at_its_place() -> None:
+    # The crash and the power loss at one time: the power loss cannot become a second crash.
+    both = FaultSchedule((FaultEvent("crash", 1.0), FaultEvent("power", 1.0)))
+    shrunk = shrink(both, lambda s: len(s) == 2)
+    assert shrunk.schedule == both

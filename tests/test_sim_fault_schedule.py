@@ -16,7 +16,9 @@ from sim.scenarios import SCENARIOS, run_seed
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_replaying_a_seed_s_recorded_schedule_gives_the_same_run(scenario: str) -> None:
     kinds: set[str] = set()
-    for seed in (1, 2, 3):
+    # Seed 29 of the migrations scenario once crashed "right after a sync" of a host that
+    # was starting: a note written, no fault recorded, and the replay ran differently.
+    for seed in (1, 2, 3, 29):
         first = run_seed(scenario, seed)
         kinds |= set(first.schedule.counts())
         again = run_seed(scenario, seed, schedule=first.schedule)

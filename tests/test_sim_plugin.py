@@ -362,3 +362,29 @@ def test_a_test_that_waits_for_ever_fails_at_its_time_limit(pytester: pytest.Pyt
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     assert "Stuck: the workload did not end within 60 virtual seconds" in result.stdout.str()
+
+
+def test_pytest_fail_in_a_marked_test_is_that_seed_s_failure(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_fails=APP.format(write=DURABLE)
+        + textwrap.dedent("""
+        @pytest.mark.actorkeep_sim(app, seeds=5, shrink=0)
+        async def test_fails(world: sim.World) -> None:
+            if world.seed == 3:
+                pytest.fail("seed three is wrong")
+        """)
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "seed 3 failed (3 seeds passed before it)" in out
+    assert "seed three is wrong" in out and "--actorkeep-replay 3" in out
+
+
+def test_a_replay_command_survives_a_quote_in_the_test_id() -> None:
+    import shlex
+
+    from sim.seed_runs import _quoted
+
+    for text in ("test_a.py::test[it's]", '[{"kind":"buggify","at":1,"site":"a\'b"}]', ""):
+        assert shlex.split(f"pytest {_quoted(text)}") == ["pytest", text]

@@ -29,6 +29,7 @@ from ..errors import MigrationError
 from ..migrations import Step, apply, pending
 from ..runtime.damage import read_address
 from ..runtime.files import database_files
+from ..runtime.storage import configure_connection
 from .inspect import InspectError, read
 
 #: Why the command does not migrate for real (docs/migrations.md, decision 0027).
@@ -130,6 +131,9 @@ def try_file(path: Path, class_name: str, steps: tuple[Step, ...], scratch: Path
     try:
         snapshot(path, copy, scratch)
         conn = sqlite3.connect(copy, isolation_level=None)
+        # The host's pragmas (foreign keys on, among them), so the copy migrates as the
+        # host's connection would; "OFF": the copy is thrown away.
+        configure_connection(conn, "OFF")
     except (InspectError, sqlite3.Error, OSError) as exc:
         _remove(copy)
         return Tried(address, str(path), None, None, f"cannot copy the file: {_why(exc)}")

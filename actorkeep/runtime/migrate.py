@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..errors import MigrationError
 from ..migrations import Step, apply, pending
 from .activation import Activation
 
@@ -25,8 +26,12 @@ class Migrator:
         _, todo = pending(db.conn, steps, act.address)
         if not todo:
             return
-        for step in todo:
-            await self.apply(act, step)
+        try:
+            for step in todo:
+                await self.apply(act, step)
+        except MigrationError:
+            await self.settle(act)  # the ones before it stay: durable, as the error says
+            raise
         # One fsync for them all: each commit is atomic, so power loss before it leaves the
         # database at one of the versions in between, which the next open carries on from.
         await self.settle(act)

@@ -43,3 +43,11 @@ def make(declared: list[ak.Migration]) -> ak.App:
 v1 = make(V1)
 v2 = make([*V1, add_words, "CREATE INDEX note_words ON note (words)"])
 broken = make([*V1, "ALTER TABLE note ADD COLUMN words INTEGER", "ALTER TABLE nope ADD x"])
+#: Its second migration breaks a foreign key: the host's connections enforce them, so it fails.
+dangling = make(
+    [
+        *V1,
+        "CREATE TABLE tag (note INTEGER NOT NULL REFERENCES note (id), tag TEXT)",
+        "INSERT INTO tag VALUES (999, 'orphan')",
+    ]
+)
