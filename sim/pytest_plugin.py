@@ -118,7 +118,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     except ValueError as exc:
         pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
     test = pyfuncitem.stash[_ORIGINAL]
-    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    # The test's own arguments, as pytest would pass them (autouse fixtures are not among them).
+    params = inspect.signature(test).parameters
+    kwargs = {name: value for name, value in pyfuncitem.funcargs.items() if name in params}
     for name, value in kwargs.items():
         if type(value).__name__ == "TrioFixture":
             pytest.fail(

@@ -388,3 +388,21 @@ def test_a_replay_command_survives_a_quote_in_the_test_id() -> None:
 
     for text in ("test_a.py::test[it's]", '[{"kind":"buggify","at":1,"site":"a\'b"}]', ""):
         assert shlex.split(f"pytest {_quoted(text)}") == ["pytest", text]
+
+
+def test_a_marked_test_gets_its_sync_fixtures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_fixtures=APP.format(write=DURABLE)
+        + textwrap.dedent("""
+        from pathlib import Path
+
+        @pytest.fixture
+        def answer() -> int:
+            return 42
+
+        @pytest.mark.actorkeep_sim(app, seeds=2)
+        async def test_uses(world: sim.World, answer: int, tmp_path: Path) -> None:
+            assert answer == 42 and tmp_path.is_dir()
+        """)
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
