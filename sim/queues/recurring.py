@@ -73,6 +73,13 @@ class RecordingQueue(Queue):
     async def send_occurrence(self, run: ak.ScheduleRun) -> None:
         await super().send_recurring(run)
 
+    def sent_already(self, key: str, due: float) -> bool:
+        """Whether the recurring send ``key`` is marked as sent for ``due`` or later."""
+        mark = self.sql.exec(
+            "SELECT sent_due FROM actorkeep_queue_recurring WHERE key = ?", (key,)
+        ).fetchone()
+        return mark is not None and bool(mark[0] >= due)
+
 
 class IgnoresMarker(RecordingQueue):
     """Planted: sends at every run of an occurrence, even one already sent (a run repeated
@@ -90,10 +97,7 @@ class MarksApart(RecordingQueue):
 
     async def send_occurrence(self, run: ak.ScheduleRun) -> None:
         r = self._recurring()[run.payload]
-        mark = self.sql.exec(
-            "SELECT sent_due FROM actorkeep_queue_recurring WHERE key = ?", (r.key,)
-        ).fetchone()
-        if mark is not None and mark[0] >= run.due:
+        if self.sent_already(r.key, run.due):
             return
         with self.sql.transaction(durable=True):
             sent = insert(self.sql, self.now(), [r.body], 0.0, r.priority, SendOptions())
@@ -109,10 +113,7 @@ class MarksFirst(RecordingQueue):
 
     async def send_occurrence(self, run: ak.ScheduleRun) -> None:
         r = self._recurring()[run.payload]
-        mark = self.sql.exec(
-            "SELECT sent_due FROM actorkeep_queue_recurring WHERE key = ?", (r.key,)
-        ).fetchone()
-        if mark is not None and mark[0] >= run.due:
+        if self.sent_already(r.key, run.due):
             return
         self.sql.exec(
             "INSERT OR REPLACE INTO actorkeep_queue_recurring (key, sent_due, id) VALUES (?, ?, 0)",
