@@ -217,6 +217,77 @@ def test_a_takeover_waits_for_a_commit_in_flight(pg_conninfo: str, statement: st
     b.close()
 
 
+@pytest.mark.parametrize("method", ["renew", "release"])
+def test_renewals_and_releases_lock_lease_rows_in_partition_order(
+    pg_conninfo: str, method: str
+) -> None:
+    """A commit share-locks its partitions' lease rows in partition order, on a connection of
+    its own; a renewal or a release on the other connection must lock its rows in the same
+    order, or each could wait for a row the other holds. With partition 1 held by a commit in
+    flight, a renewal of partitions 2, 0 and 1 waits at 1 holding 0 only: 2 is still free.
+    (A plain UPDATE locks 2 first here: the list starts with it, and the table holds it first,
+    as the lease rows were taken in that order.)"""
+    create(pg_conninfo, 3)
+    a = store(pg_conninfo, "a")
+    leases = [a.acquire(p, 30.0, 1.0) for p in (2, 0, 1)]
+    assert all(leases)
+    done: list[object] = []
+    call = {
+        "renew": lambda: done.append(a.renew(leases, 30.0, 1.0)),  # type: ignore[arg-type]
+        "release": lambda: done.append(a.release(leases)),  # type: ignore[arg-type]
+    }[method]
+    with psycopg.connect(pg_conninfo) as commit, psycopg.connect(pg_conninfo) as probe:
+        params = {"partition": 1, "epoch": leases[2].epoch, "address": "c/x", "seq": 1}  # type: ignore[union-attr]
+        assert commit.execute(COMMIT_ONE, {**params, "data": b"x"}).fetchone() == ([1],)
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not probe.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%%actorkeep_leases%%' AND pid <> pg_backend_pid()"
+        ).fetchone():
+            assert time.monotonic() < deadline, "the renewal never waited for the commit"
+            time.sleep(0.01)
+        probe.execute(
+            "SELECT partition FROM actorkeep_leases WHERE partition = 2 FOR UPDATE NOWAIT"
+        )  # raises LockNotAvailable if the renewal locked 2 before it waited at 1
+        probe.rollback()
+        commit.commit()
+    thread.join(10)
+    assert done and not thread.is_alive()
+    owners = [a.lease_of(p)[0] for p in range(3)]
+    assert owners == (["a"] * 3 if method == "renew" else [None] * 3)
+    a.close()
+
+
+def test_a_commit_does_not_wait_behind_the_hosts_other_statements(pg_conninfo: str) -> None:
+    """Commits have a connection of their own: while a heartbeat of the same store waits for a
+    row lock (as a renewal, a load or a compaction's image can take a while), a commit still
+    goes through at once."""
+    create(pg_conninfo, 1)
+    a = store(pg_conninfo, "a")
+    lease = a.acquire(0, 30.0, 1.0)
+    assert lease is not None
+    a.heartbeat(30.0)
+    beat = threading.Thread(target=lambda: a.heartbeat(30.0))
+    with psycopg.connect(pg_conninfo) as holder:
+        holder.execute("SELECT 1 FROM actorkeep_hosts WHERE host_id = 'a' FOR UPDATE")
+        beat.start()
+        beat.join(0.3)
+        assert beat.is_alive()  # the heartbeat waits for the row...
+        committed = threading.Thread(
+            target=lambda: a.commit([Write(0, lease.epoch, "c/x", 1, b"one")])
+        )
+        committed.start()
+        committed.join(5)
+        assert not committed.is_alive()  # ...and the commit does not wait for the heartbeat
+        assert beat.is_alive()
+        holder.commit()
+    beat.join(10)
+    assert a.frames("c/x") == [(1, b"one")]
+    a.close()
+
+
 def test_alarm_changes_commit_with_their_frames_or_not_at_all(backend: Backend) -> None:
     open_ = backend.make(2)
     a, b = open_("a"), open_("b")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import select
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -158,20 +159,73 @@ COMMIT_ONE = (
 )
 
 
+#: The lease rows a renewal or a release names, locked in partition order before it updates
+#: them, as a commit's check locks its own (a renewal's plain UPDATE locks rows in the order it
+#: finds them, and against a commit on the other connection that order can deadlock).
+_IN_ORDER = (
+    "locked AS MATERIALIZED (SELECT partition FROM actorkeep_leases "
+    "WHERE partition = ANY(%(parts)s::integer[]) ORDER BY partition FOR UPDATE)"
+)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _Link:
+    """One connection and the lock that serialises its use (the host calls the store from
+    several sync threads at once). A broken connection (PostgreSQL restarted, failed over, or
+    the network dropped it) is replaced at the next use: what it had in flight failed, its
+    outcome unknown."""
+
+    def __init__(self, conninfo: str, *, lazy: bool = False) -> None:
+        self.conninfo = conninfo
+        self.lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None if lazy else connect(conninfo)
+        self._closed = False
+
+    def revive(self) -> psycopg.Connection[Any]:
+        """The connection, opened anew if it is not (or no longer) usable. Under ``lock``, at
+        the start of a use only: never between the statements of one transaction."""
+        if self._closed:
+            raise psycopg.OperationalError("the store is closed")
+        if self._conn is None or self._conn.broken or _ended_by_server(self._conn):
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = connect(self.conninfo)
+        return self._conn
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection ``revive`` gave."""
+        assert self._conn is not None
+        return self._conn
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+
+
+def _ended_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server has written to ``conn`` while it was idle, which it does to end it (a
+    restart, a shutdown, a terminated backend). Read now, the next statement need not fail on
+    it: a commit that fails has an unknown outcome, and a connection idle since PostgreSQL
+    restarted would fail one for nothing."""
+    if conn.closed:
+        return True
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _locked(method: F) -> F:
-    """One statement (or transaction) at a time on the store's connection: the host calls it
-    from several sync threads at once."""
+    """Run on the store's control connection, one statement (or transaction) at a time."""
 
     @functools.wraps(method)
     def locked(self: ClusterStore, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            if self._conn.broken and method.__name__ != "close":
-                # PostgreSQL restarted, failed over, or the network dropped the connection: a
-                # new one (what the old one had in flight failed, its outcome unknown).
-                self._conn = connect(self.conninfo)
+        with self._control.lock:
+            self._control.revive()
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
@@ -239,23 +293,32 @@ class ClusterStore:
         self.host_id = host_id
         self.conninfo = conninfo
         self._clock = clock
-        self._lock = threading.RLock()
-        self._conn = connect(conninfo)
+        #: Leases, hosts, loads, compactions: everything but the commits.
+        self._control = _Link(conninfo)
+        #: The commits, on a connection of their own: a commit in flight never waits behind
+        #: a renewal, a load or a compaction's image (opened at the first commit). A commit
+        #: share-locks its partitions' lease rows in partition order, and renewals and
+        #: releases lock theirs in the same order, so the two connections never deadlock.
+        self._commits = _Link(conninfo, lazy=True)
         try:
             row = self._conn.execute("SELECT partitions, secret FROM actorkeep_cluster").fetchone()
         except psycopg.errors.UndefinedTable:
             row = None
         if row is None:
-            self._conn.close()
+            self._control.close()
             raise ClusterMismatch("no cluster in this database (create it first)")
         self.partitions: int = row[0]
         #: What the hosts sign their internal calls with: whoever can read it can also write
         #: the actors' frames, so it is kept where they are.
         self.secret: bytes = bytes(row[1])
 
-    @_locked
+    @property
+    def _conn(self) -> psycopg.Connection[Any]:
+        return self._control.conn
+
     def close(self) -> None:
-        self._conn.close()
+        self._commits.close()
+        self._control.close()
 
     @_locked
     def acquire(self, partition: int, ttl: float, margin: float) -> Lease | None:
@@ -281,12 +344,18 @@ class ClusterStore:
             return []
         sent = self._clock()
         rows = self._conn.execute(
-            "UPDATE actorkeep_leases AS l "
-            "SET expires_at = clock_timestamp() + make_interval(secs => %s) "
-            "FROM unnest(%s::integer[], %s::bigint[]) AS held(partition, epoch) "
-            "WHERE l.partition = held.partition AND l.epoch = held.epoch AND l.owner = %s "
+            f"WITH {_IN_ORDER} UPDATE actorkeep_leases AS l "
+            "SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s) "
+            "FROM unnest(%(parts)s::integer[], %(epochs)s::bigint[]) AS held(partition, epoch) "
+            "WHERE l.partition = held.partition AND l.epoch = held.epoch "
+            "AND l.owner = %(owner)s AND l.partition IN (SELECT partition FROM locked) "
             "AND l.expires_at > clock_timestamp() RETURNING l.partition, l.epoch",
-            (ttl, [x.partition for x in leases], [x.epoch for x in leases], self.host_id),
+            {
+                "ttl": ttl,
+                "parts": [x.partition for x in leases],
+                "epochs": [x.epoch for x in leases],
+                "owner": self.host_id,
+            },
         ).fetchall()
         return sorted((Lease(p, e, sent + ttl - margin) for p, e in rows), key=lease_partition)
 
@@ -331,13 +400,18 @@ class ClusterStore:
         epoch stays; the taker bumps it."""
         if leases:
             self._conn.execute(
-                "UPDATE actorkeep_leases AS l SET owner = NULL, expires_at = NULL "
-                "FROM unnest(%s::integer[], %s::bigint[]) AS held(partition, epoch) "
-                "WHERE l.partition = held.partition AND l.epoch = held.epoch AND l.owner = %s",
-                ([x.partition for x in leases], [x.epoch for x in leases], self.host_id),
+                f"WITH {_IN_ORDER} UPDATE actorkeep_leases AS l "
+                "SET owner = NULL, expires_at = NULL "
+                "FROM unnest(%(parts)s::integer[], %(epochs)s::bigint[]) AS held(partition, epoch) "
+                "WHERE l.partition = held.partition AND l.epoch = held.epoch "
+                "AND l.owner = %(owner)s AND l.partition IN (SELECT partition FROM locked)",
+                {
+                    "parts": [x.partition for x in leases],
+                    "epochs": [x.epoch for x in leases],
+                    "owner": self.host_id,
+                },
             )
 
-    @_locked
     def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
         """Commit ``writes`` (any actors, any partitions) and the alarm index's ``alarms`` (one
         change per address at most) in one transaction, or none of them: ``Fenced`` if a
@@ -353,35 +427,37 @@ class ClusterStore:
         put = [a for a in alarms if a.at is not None]
         parts = sorted(epochs)
         # One statement, so one round trip and its own transaction (autocommit).
-        if len(writes) == 1 and not alarms:
-            w = writes[0]
-            one = {"partition": w.partition, "epoch": w.epoch, "address": w.address}
-            row = self._conn.execute(COMMIT_ONE, {**one, "seq": w.seq, "data": w.data}).fetchone()
+        with self._commits.lock:
+            conn = self._commits.revive()
+            if len(writes) == 1 and not alarms:
+                w = writes[0]
+                one = {"partition": w.partition, "epoch": w.epoch, "address": w.address}
+                row = conn.execute(COMMIT_ONE, {**one, "seq": w.seq, "data": w.data}).fetchone()
+                assert row is not None
+                if not row[0]:
+                    raise Fenced([w.partition])
+                return
+            row = conn.execute(
+                COMMIT_FRAMES,
+                {
+                    "parts": parts,
+                    "epochs": [epochs[p] for p in parts],
+                    "n": len(parts),
+                    "addresses": [w.address for w in writes],
+                    "seqs": [w.seq for w in writes],
+                    "partitions": [w.partition for w in writes],
+                    "frame_epochs": [w.epoch for w in writes],
+                    "data": [w.data for w in writes],
+                    "put_addresses": [a.address for a in put],
+                    "put_partitions": [a.partition for a in put],
+                    "put_at": [float(a.at) for a in put if a.at is not None],
+                    "dropped": [a.address for a in alarms if a.at is None],
+                },
+            ).fetchone()
             assert row is not None
-            if not row[0]:
-                raise Fenced([w.partition])
-            return
-        row = self._conn.execute(
-            COMMIT_FRAMES,
-            {
-                "parts": parts,
-                "epochs": [epochs[p] for p in parts],
-                "n": len(parts),
-                "addresses": [w.address for w in writes],
-                "seqs": [w.seq for w in writes],
-                "partitions": [w.partition for w in writes],
-                "frame_epochs": [w.epoch for w in writes],
-                "data": [w.data for w in writes],
-                "put_addresses": [a.address for a in put],
-                "put_partitions": [a.partition for a in put],
-                "put_at": [float(a.at) for a in put if a.at is not None],
-                "dropped": [a.address for a in alarms if a.at is None],
-            },
-        ).fetchone()
-        assert row is not None
-        held = set(row[0] or [])
-        if len(held) != len(parts):
-            raise Fenced(sorted(set(parts) - held))
+            held = set(row[0] or [])
+            if len(held) != len(parts):
+                raise Fenced(sorted(set(parts) - held))
 
     @_locked
     def alarms_of(self, partitions: Sequence[int]) -> list[tuple[int, str, float]]:
