@@ -164,7 +164,8 @@ COMMIT_ONE = (
 #: finds them, and against a commit on the other connection that order can deadlock).
 _IN_ORDER = (
     "locked AS MATERIALIZED (SELECT partition FROM actorkeep_leases "
-    "WHERE partition = ANY(%(parts)s::integer[]) ORDER BY partition FOR UPDATE)"
+    "WHERE partition = ANY(%(parts)s::integer[]) AND owner = %(owner)s "
+    "ORDER BY partition FOR UPDATE)"
 )
 
 
