@@ -244,7 +244,7 @@ def test_renewals_and_releases_lock_lease_rows_in_partition_order(
         deadline = time.monotonic() + 10
         while not probe.execute(
             "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%%actorkeep_leases%%' AND pid <> pg_backend_pid()"
+            "AND datname = current_database() AND pid <> pg_backend_pid()"
         ).fetchone():
             assert time.monotonic() < deadline, "the renewal never waited for the commit"
             time.sleep(0.01)
