@@ -10,7 +10,7 @@ import urllib.parse
 import structlog
 import trio
 
-from .store import connect
+from .connections import connect
 
 log = structlog.get_logger("actorkeep")
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import functools
 import secrets
-import select
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 
 from ..hashing import fnv1a64
+from .connections import Link, connect
 from .partitions import check_partitions
 from .records import (
     AlarmChange,
@@ -50,21 +49,8 @@ __all__ = [
     "Fenced",
     "Lease",
     "Write",
-    "connect",
     "create",
 ]
-
-#: What the hosts' connections use unless the conninfo says otherwise: a host cut off from
-#: PostgreSQL finds out in seconds (a statement whose packets go unanswered fails after
-#: ``tcp_user_timeout``, an idle connection is probed), instead of after the kernel's minutes.
-CONNECT_DEFAULTS = {
-    "connect_timeout": "5",
-    "tcp_user_timeout": "5000",
-    "keepalives": "1",
-    "keepalives_idle": "5",
-    "keepalives_interval": "2",
-    "keepalives_count": "3",
-}
 
 #: Bytes of the cluster's secret, drawn when it is created.
 SECRET_BYTES = 32
@@ -172,54 +158,6 @@ _IN_ORDER = (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Link:
-    """One connection and the lock that serialises its use (the host calls the store from
-    several sync threads at once). A broken connection (PostgreSQL restarted, failed over, or
-    the network dropped it) is replaced at the next use: what it had in flight failed, its
-    outcome unknown."""
-
-    def __init__(self, conninfo: str, *, lazy: bool = False) -> None:
-        self.conninfo = conninfo
-        self.lock = threading.RLock()
-        self._conn: psycopg.Connection[Any] | None = None if lazy else connect(conninfo)
-        self._closed = False
-
-    def revive(self) -> psycopg.Connection[Any]:
-        """The connection, opened anew if it is not (or no longer) usable. Under ``lock``, at
-        the start of a use only: never between the statements of one transaction."""
-        if self._closed:
-            raise psycopg.OperationalError("the store is closed")
-        if self._conn is None or self._conn.broken or _ended_by_server(self._conn):
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = connect(self.conninfo)
-        return self._conn
-
-    @property
-    def conn(self) -> psycopg.Connection[Any]:
-        """The connection ``revive`` gave."""
-        assert self._conn is not None
-        return self._conn
-
-    def close(self) -> None:
-        with self.lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-
-
-def _ended_by_server(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the server has written to ``conn`` while it was idle, which it does to end it (a
-    restart, a shutdown, a terminated backend). Read now, the next statement need not fail on
-    it: a commit that fails has an unknown outcome, and a connection idle since PostgreSQL
-    restarted would fail one for nothing."""
-    if conn.closed:
-        return True
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
-
-
 def _locked(method: F) -> F:
     """Run on the store's control connection, one statement (or transaction) at a time."""
 
@@ -230,14 +168,6 @@ def _locked(method: F) -> F:
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
-
-
-def connect(conninfo: str) -> psycopg.Connection[Any]:
-    """A connection in autocommit mode, with ``CONNECT_DEFAULTS`` where ``conninfo`` is
-    silent."""
-    given = psycopg.conninfo.conninfo_to_dict(conninfo)
-    extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
-    return psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **extra), autocommit=True)
 
 
 def load_actor(
@@ -295,12 +225,12 @@ class ClusterStore:
         self.conninfo = conninfo
         self._clock = clock
         #: Leases, hosts, loads, compactions: everything but the commits.
-        self._control = _Link(conninfo)
+        self._control = Link(conninfo)
         #: The commits, on a connection of their own: a commit in flight never waits behind
         #: a renewal, a load or a compaction's image (opened at the first commit). A commit
         #: share-locks its partitions' lease rows in partition order, and renewals and
         #: releases lock theirs in the same order, so the two connections never deadlock.
-        self._commits = _Link(conninfo, lazy=True)
+        self._commits = Link(conninfo, lazy=True)
         try:
             row = self._conn.execute("SELECT partitions, secret FROM actorkeep_cluster").fetchone()
         except psycopg.errors.UndefinedTable:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .connections import connect
 from .partitions import partition_of
 from .replica import held
-from .store import connect, load_actor
+from .store import load_actor
 
 
 class StoreView:

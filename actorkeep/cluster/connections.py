@@ -1,0 +1,80 @@
+"""The hosts' connections to the cluster's database: made with defaults that notice a dead network
+in seconds, each used under a lock, and opened anew once broken or ended by the server."""
+
+from __future__ import annotations
+
+import select
+import threading
+from typing import Any
+
+import psycopg
+
+__all__ = ["CONNECT_DEFAULTS", "Link", "connect", "ended_by_server"]
+
+#: What the hosts' connections use unless the conninfo says otherwise: a host cut off from
+#: PostgreSQL finds out in seconds (a statement whose packets go unanswered fails after
+#: ``tcp_user_timeout``, an idle connection is probed), instead of after the kernel's minutes.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "tcp_user_timeout": "5000",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+}
+
+
+def connect(conninfo: str) -> psycopg.Connection[Any]:
+    """A connection in autocommit mode, with ``CONNECT_DEFAULTS`` where ``conninfo`` is
+    silent."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    return psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **extra), autocommit=True)
+
+
+class Link:
+    """One connection and the lock that serialises its use (the host calls the store from
+    several sync threads at once). A broken connection (PostgreSQL restarted, failed over, or
+    the network dropped it) is replaced at the next use: what it had in flight failed, its
+    outcome unknown."""
+
+    def __init__(self, conninfo: str, *, lazy: bool = False) -> None:
+        self.conninfo = conninfo
+        self.lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None if lazy else connect(conninfo)
+        self._closed = False
+
+    def revive(self) -> psycopg.Connection[Any]:
+        """The connection, opened anew if it is not (or no longer) usable. Under ``lock``, at
+        the start of a use only: never between the statements of one transaction."""
+        if self._closed:
+            raise psycopg.OperationalError("the store is closed")
+        if self._conn is None or self._conn.broken or ended_by_server(self._conn):
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = connect(self.conninfo)
+        return self._conn
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection ``revive`` gave."""
+        assert self._conn is not None
+        return self._conn
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+
+
+def ended_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server has written to ``conn`` while it was idle, which it does to end it (a
+    restart, a shutdown, a terminated backend). Read now, the next statement need not fail on
+    it: a commit that fails has an unknown outcome, and a connection idle since PostgreSQL
+    restarted would fail one for nothing."""
+    if conn.closed:
+        return True
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
