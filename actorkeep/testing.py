@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import trio
-import trio.testing
 
 from .app import App
 from .front import Front
 from .http import Response
-from .runtime.clock import Clock
+from .runtime.clock import Clock, on_mock_clock
 from .runtime.host import Host
 from .runtime.sockets import POLICY, TOO_BIG, Sockets
 from .runtime.storage import FileStorage, StorageBackend
@@ -239,7 +238,7 @@ async def open_host(
             raise TypeError("open_host needs data_dir or storage")
         # A worker thread looks like idleness to MockClock's autojump, which would then leap
         # to the next timer in the middle of every fsync: fsync inline under a MockClock.
-        virtual = isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+        virtual = on_mock_clock()
         storage = FileStorage(data_dir, in_thread=not virtual)
     if clock is not None:
         host_options["clock"] = clock

@@ -173,3 +173,23 @@ def test_the_cli_shows_and_forgets_the_latest_host_time(tmp_path: Path) -> None:
     assert "from the wall clock now" in cli()
     assert "forgot the latest host time" in cli("--reset")
     assert cli() == "no host time recorded: the next start follows the wall clock\n"
+
+
+def test_serving_imports_neither_trio_testing_nor_pytest() -> None:
+    """``trio.testing`` imports pytest where it is installed: a tenth of a second at every
+    start of ``actorkeep serve``. The host tells a MockClock without importing it, and a run on
+    trio's own clock follows the wall."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trio, actorkeep.cli\n"
+        "from actorkeep.runtime.clock import Clock, on_mock_clock\n"
+        "async def main():\n"
+        "    assert not on_mock_clock() and Clock().follows_wall\n"
+        "trio.run(main)\n"
+        "print(sorted(m for m in ('trio.testing', 'pytest') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
