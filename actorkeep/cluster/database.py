@@ -172,6 +172,8 @@ class ClusterDatabase:
                     # Still queued or in flight: the actor's next open waits for its end
                     # all the same (a restore before it would number its batches again).
                     storage.hold_until_ended(self.address, self.partition, ticket)
+                    log.warning("a commit to the cluster's store outlasted the lease",
+                                address=self.address, partition=self.partition)  # fmt: skip
                     raise _unknown(self.address)
                 storage.committed(self)
         except BaseException as exc:
@@ -180,6 +182,9 @@ class ClusterDatabase:
             error = _sync_error(self.address, exc)
             if error is exc:
                 raise
+            if isinstance(error, OutcomeUnknown):  # the store's own error, for the operator
+                log.warning("a commit to the cluster's store failed", address=self.address,
+                            error=repr(exc))  # fmt: skip
             raise error from exc
         finally:
             storage.syncing(self.address, self.partition, -1)

@@ -146,12 +146,13 @@ COMMIT_ONE = (
 
 
 #: The lease rows a renewal or a release names, locked in partition order before it updates
-#: them, as a commit's check locks its own (a renewal's plain UPDATE locks rows in the order it
-#: finds them, and against a commit on the other connection that order can deadlock).
+#: them (``FOR NO KEY UPDATE``, the lock its update takes anyway), as a commit's check locks
+#: its own: a plain ``UPDATE ... FROM unnest(...)`` locks rows in the order it finds them, and
+#: against a commit on the other connection that order can deadlock.
 _IN_ORDER = (
     "locked AS MATERIALIZED (SELECT partition FROM actorkeep_leases "
     "WHERE partition = ANY(%(parts)s::integer[]) AND owner = %(owner)s "
-    "ORDER BY partition FOR UPDATE)"
+    "ORDER BY partition FOR NO KEY UPDATE)"
 )
 
 
