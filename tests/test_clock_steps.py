@@ -176,7 +176,7 @@ def test_the_cli_shows_and_forgets_the_latest_host_time(tmp_path: Path) -> None:
 
 
 def test_serving_imports_neither_trio_testing_nor_pytest() -> None:
-    """``trio.testing`` imports pytest where it is installed: a tenth of a second at every
+    """``trio.testing`` imports pytest where it is installed: about 70 ms at every
     start of ``actorkeep serve``. The host tells a MockClock without importing it, and a run on
     trio's own clock follows the wall."""
     import subprocess
