@@ -442,3 +442,34 @@ async def test_syncs_of_one_database_never_overlap(pg_conninfo: str, tmp_path: P
         assert [n for (n,) in restored.conn.execute("SELECT n FROM t ORDER BY n")] == list(range(6))
         restored.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_commits_do_not_queue_behind_the_stores_other_calls(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Commits have a thread (and a connection) of their own: with every other thread of the
+    store taken by calls that wait (heartbeats held up by a row lock, as restores' loads or a
+    renewal can be), a commit still goes through at once."""
+    import psycopg
+
+    from actorkeep.cluster import Write
+
+    create(pg_conninfo, 1)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await serving_all(a)
+        lease = a.keeper.lease_for(0)
+        assert lease is not None
+        with psycopg.connect(pg_conninfo) as holder:
+            holder.execute(
+                "SELECT 1 FROM actorkeep_hosts WHERE host_id = %s FOR UPDATE", (a.store.host_id,)
+            )
+            for _ in range(6):  # more than the store's threads
+                nursery.start_soon(a.in_thread, lambda: a.store.heartbeat(SETTINGS.ttl))
+            await trio.sleep(0.2)
+            with trio.fail_after(5):
+                await a.committer.commit(Write(0, lease.epoch, "c/x", 1, b"one"))
+            holder.commit()
+        assert await a.in_thread(lambda: a.store.frames("c/x")) == [(1, b"one")]
+        nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pytest
@@ -236,28 +237,37 @@ def test_renewals_and_releases_lock_lease_rows_in_partition_order(
         "renew": lambda: done.append(a.renew(leases, 30.0, 1.0)),  # type: ignore[arg-type]
         "release": lambda: done.append(a.release(leases)),  # type: ignore[arg-type]
     }[method]
-    with psycopg.connect(pg_conninfo) as commit, psycopg.connect(pg_conninfo) as probe:
+    with (
+        psycopg.connect(pg_conninfo) as commit,
+        psycopg.connect(pg_conninfo, autocommit=True) as probe,
+    ):
         params = {"partition": 1, "epoch": leases[2].epoch, "address": "c/x", "seq": 1}  # type: ignore[union-attr]
         assert commit.execute(COMMIT_ONE, {**params, "data": b"x"}).fetchone() == ([1],)
         thread = threading.Thread(target=call)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not probe.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone():
-            assert time.monotonic() < deadline, "the renewal never waited for the commit"
-            time.sleep(0.01)
-        probe.execute(
-            "SELECT partition FROM actorkeep_leases WHERE partition = 2 FOR UPDATE NOWAIT"
-        )  # raises LockNotAvailable if the renewal locked 2 before it waited at 1
-        probe.rollback()
+        wait_for_a_lock_wait(probe)
+        with probe.transaction():  # raises LockNotAvailable if 2 was locked before 1
+            probe.execute(
+                "SELECT partition FROM actorkeep_leases WHERE partition = 2 FOR UPDATE NOWAIT"
+            )
         commit.commit()
     thread.join(10)
     assert done and not thread.is_alive()
     owners = [a.lease_of(p)[0] for p in range(3)]
     assert owners == (["a"] * 3 if method == "renew" else [None] * 3)
     a.close()
+
+
+def wait_for_a_lock_wait(probe: psycopg.Connection[Any]) -> None:
+    """Until a backend of the test's database waits for a lock (``probe`` in autocommit, so
+    that each look reads ``pg_stat_activity`` afresh)."""
+    deadline = time.monotonic() + 10
+    while not probe.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone():
+        assert time.monotonic() < deadline, "nothing waited for the lock"
+        time.sleep(0.01)
 
 
 def test_a_commit_does_not_wait_behind_the_hosts_other_statements(pg_conninfo: str) -> None:
@@ -270,11 +280,13 @@ def test_a_commit_does_not_wait_behind_the_hosts_other_statements(pg_conninfo: s
     assert lease is not None
     a.heartbeat(30.0)
     beat = threading.Thread(target=lambda: a.heartbeat(30.0))
-    with psycopg.connect(pg_conninfo) as holder:
+    with (
+        psycopg.connect(pg_conninfo) as holder,
+        psycopg.connect(pg_conninfo, autocommit=True) as probe,
+    ):
         holder.execute("SELECT 1 FROM actorkeep_hosts WHERE host_id = 'a' FOR UPDATE")
         beat.start()
-        beat.join(0.3)
-        assert beat.is_alive()  # the heartbeat waits for the row...
+        wait_for_a_lock_wait(probe)  # the heartbeat waits for the row...
         committed = threading.Thread(
             target=lambda: a.commit([Write(0, lease.epoch, "c/x", 1, b"one")])
         )

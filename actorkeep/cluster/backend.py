@@ -93,8 +93,10 @@ class ClusterStorage:
         self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
         self._synced: dict[str, trio.Event] = {}
         # The store's own threads: the host closes its storage (and so the files' threads)
-        # before run() hands the leases over.
+        # before run() hands the leases over. The commits have one of their own, so that they
+        # never queue behind control calls that wait (restores' loads, a renewal's lock).
         self._syncer = Syncer()
+        self._commit_thread = Syncer(threads=1, ring=False)
         self._run_store = run_store
         self._ticked = trio.Event()
         #: Takes an actor out of memory if it is idle (whether it is out now): the host's,
@@ -114,11 +116,19 @@ class ClusterStorage:
             return await self._run_store(fn)
         return await self._syncer.run(fn, "cluster store")
 
+    async def in_commit_thread(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, a commit of the store, run by ``run_store`` or the commits' own thread."""
+        if self._run_store is not None:
+            return await self._run_store(fn)
+        return await self._commit_thread.run(fn, "cluster commit")
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the leases (a tick every ``ttl / 3``) and run the group commits, until
         cancelled; a planned stop hands the partitions over."""
         async with trio.open_nursery() as nursery:
-            committer = Committer(self.store, self.in_thread, nursery.start_soon, self.alarms)
+            committer = Committer(
+                self.store, self.in_commit_thread, nursery.start_soon, self.alarms
+            )
             self._committer = committer
             self._nursery = nursery
             await self.in_thread(self.keeper.tick)
@@ -150,6 +160,7 @@ class ClusterStorage:
                     except Exception as exc:  # they expire instead
                         log.warning("could not hand the partitions over", error=repr(exc))
                     self._syncer.close()
+                    self._commit_thread.close()
                     self.store.close()
 
     def _hand_over(self) -> None:

@@ -13,10 +13,13 @@ from functools import partial
 from typing import Any, Protocol
 
 import outcome
+import structlog
 import trio
 
 from ..errors import HostClosed
 from .records import AlarmChange, Fenced, Store, Write
+
+log = structlog.get_logger("actorkeep")
 
 #: ``run(fn)``: ``fn()`` in a thread, awaited (the store blocks): the host's sync threads.
 RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -133,6 +136,12 @@ class Committer:
                 fenced.update(exc.partitions)
                 continue
             except Exception as exc:  # the outcome is unknown: every write of the batch fails
+                log.warning(
+                    "a commit to the cluster's store failed: its outcome is unknown",
+                    writes=len(live),
+                    alarm_changes=len(alarms),
+                    error=repr(exc),
+                )
                 return [outcome.Error(exc) for _ in writes], (alarms, fenced)
             if live or alarms:
                 self.transactions += 1

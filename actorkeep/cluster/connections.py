@@ -3,13 +3,18 @@ in seconds, each used under a lock, and opened anew once broken or ended by the 
 
 from __future__ import annotations
 
+import contextlib
 import select
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import structlog
 
 __all__ = ["CONNECT_DEFAULTS", "Link", "connect", "ended_by_server"]
+
+log = structlog.get_logger("actorkeep")
 
 #: What the hosts' connections use unless the conninfo says otherwise: a host cut off from
 #: PostgreSQL finds out in seconds (a statement whose packets go unanswered fails after
@@ -38,34 +43,52 @@ class Link:
     the network dropped it) is replaced at the next use: what it had in flight failed, its
     outcome unknown."""
 
-    def __init__(self, conninfo: str, *, lazy: bool = False) -> None:
+    def __init__(self, conninfo: str, what: str) -> None:
         self.conninfo = conninfo
+        self.what = what
         self.lock = threading.RLock()
-        self._conn: psycopg.Connection[Any] | None = None if lazy else connect(conninfo)
+        self._conn = connect(conninfo)
         self._closed = False
+        self._depth = 0  # uses in progress on the thread holding ``lock``
 
-    def revive(self) -> psycopg.Connection[Any]:
-        """The connection, opened anew if it is not (or no longer) usable. Under ``lock``, at
-        the start of a use only: never between the statements of one transaction."""
-        if self._closed:
-            raise psycopg.OperationalError("the store is closed")
-        if self._conn is None or self._conn.broken or ended_by_server(self._conn):
-            if self._conn is not None:
-                self._conn.close()
+    @contextlib.contextmanager
+    def use(self) -> Iterator[psycopg.Connection[Any]]:
+        """Hold the lock and give the connection, opened anew first if it is not (or no
+        longer) usable: at the outermost use only, never between the statements of one
+        transaction (a use inside another one gets the same connection)."""
+        with self.lock:
+            if self._closed:
+                raise psycopg.OperationalError("the store is closed")
+            if self._depth == 0:
+                self._revive()
+            self._depth += 1
+            try:
+                yield self.conn
+            finally:
+                self._depth -= 1
+
+    def _revive(self) -> None:
+        conn = self._conn
+        reason = (
+            "closed" if conn.closed else
+            "broken" if conn.broken else
+            "ended by the server" if ended_by_server(conn) else None
+        )  # fmt: skip
+        if reason is not None:
+            log.info("connecting to the cluster's store again", connection=self.what,
+                     reason=reason)  # fmt: skip
+            conn.close()
             self._conn = connect(self.conninfo)
-        return self._conn
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        """The connection ``revive`` gave."""
-        assert self._conn is not None
+        """The connection of the use in progress."""
         return self._conn
 
     def close(self) -> None:
         with self.lock:
             self._closed = True
-            if self._conn is not None:
-                self._conn.close()
+            self._conn.close()
 
 
 def ended_by_server(conn: psycopg.Connection[Any]) -> bool:
@@ -73,8 +96,6 @@ def ended_by_server(conn: psycopg.Connection[Any]) -> bool:
     restart, a shutdown, a terminated backend). Read now, the next statement need not fail on
     it: a commit that fails has an unknown outcome, and a connection idle since PostgreSQL
     restarted would fail one for nothing."""
-    if conn.closed:
-        return True
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
     return bool(poller.poll(0))

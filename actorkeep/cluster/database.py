@@ -182,9 +182,6 @@ class ClusterDatabase:
             error = _sync_error(self.address, exc)
             if error is exc:
                 raise
-            if isinstance(error, OutcomeUnknown):  # the store's own error, for the operator
-                log.warning("a commit to the cluster's store failed", address=self.address,
-                            error=repr(exc))  # fmt: skip
             raise error from exc
         finally:
             storage.syncing(self.address, self.partition, -1)

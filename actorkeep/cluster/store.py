@@ -164,8 +164,7 @@ def _locked(method: F) -> F:
 
     @functools.wraps(method)
     def locked(self: ClusterStore, *args: Any, **kwargs: Any) -> Any:
-        with self._control.lock:
-            self._control.revive()
+        with self._control.use():
             return method(self, *args, **kwargs)
 
     return locked  # type: ignore[return-value]
@@ -226,18 +225,25 @@ class ClusterStore:
         self.conninfo = conninfo
         self._clock = clock
         #: Leases, hosts, loads, compactions: everything but the commits.
-        self._control = Link(conninfo)
-        #: The commits, on a connection of their own: a commit in flight never waits behind
-        #: a renewal, a load or a compaction's image (opened at the first commit). A commit
-        #: share-locks its partitions' lease rows in partition order, and renewals and
-        #: releases lock theirs in the same order, so the two connections never deadlock.
-        self._commits = Link(conninfo, lazy=True)
+        self._control = Link(conninfo, "control")
+        try:
+            #: The commits, on a connection of their own: a commit in flight never waits
+            #: behind a renewal, a load or a compaction's image. A commit share-locks its
+            #: partitions' lease rows in partition order, and renewals and releases lock
+            #: theirs in the same order, so the two connections never deadlock.
+            self._commits = Link(conninfo, "commits")
+        except BaseException:
+            self._control.close()
+            raise
         try:
             row = self._conn.execute("SELECT partitions, secret FROM actorkeep_cluster").fetchone()
         except psycopg.errors.UndefinedTable:
             row = None
+        except BaseException:
+            self.close()
+            raise
         if row is None:
-            self._control.close()
+            self.close()
             raise ClusterMismatch("no cluster in this database (create it first)")
         self.partitions: int = row[0]
         #: What the hosts sign their internal calls with: whoever can read it can also write
@@ -359,8 +365,7 @@ class ClusterStore:
         put = [a for a in alarms if a.at is not None]
         parts = sorted(epochs)
         # One statement, so one round trip and its own transaction (autocommit).
-        with self._commits.lock:
-            conn = self._commits.revive()
+        with self._commits.use() as conn:
             if len(writes) == 1 and not alarms:
                 w = writes[0]
                 one = {"partition": w.partition, "epoch": w.epoch, "address": w.address}
