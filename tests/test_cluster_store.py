@@ -340,3 +340,27 @@ def test_images_and_batches_load_in_one_snapshot(backend: Backend) -> None:
     a.release([lease])
     assert a.owners() == {} and set(a.free_partitions(5)) == {0, 1}
     a.close()
+
+
+def test_a_link_replaces_a_connection_the_server_ended_but_never_within_a_use(
+    pg_conninfo: str,
+) -> None:
+    """A connection the server ended while it was idle is replaced at the next use, before a
+    statement fails on it; a use inside another one gets the same connection, so the
+    statements of one transaction never move to a new one."""
+    from actorkeep.cluster.connections import Link
+
+    link = Link(pg_conninfo, "test")
+    with psycopg.connect(pg_conninfo, autocommit=True) as admin:
+        with link.use() as conn:
+            pid = conn.info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.2)  # the server's goodbye reaches the socket
+            with link.use() as inner:
+                assert inner is conn  # not replaced within a use
+        with link.use() as conn:  # the next use: a new connection, which works
+            assert conn.info.backend_pid != pid
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    link.close()
+    with pytest.raises(psycopg.OperationalError), link.use():
+        pass
