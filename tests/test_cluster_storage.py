@@ -35,6 +35,15 @@ class Writer(ak.Actor):
         return await kv.put(key, value.encode())
 
     @ak.rpc
+    async def put_error(self, key: str, value: str) -> str | None:
+        """The kind of error a durable put raised here, if any."""
+        try:
+            await kv.put(key, value.encode())
+        except ak.RemoteError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    @ak.rpc
     async def put_plain(self, key: str, value: str) -> int:
         return await kv.put(key, value.encode(), local=True)
 
@@ -472,4 +481,29 @@ async def test_commits_do_not_queue_behind_the_stores_other_calls(
                 await a.committer.commit(Write(0, lease.epoch, "c/x", 1, b"one"))
             holder.commit()
         assert await a.in_thread(lambda: a.store.frames("c/x")) == [(1, b"one")]
+        nursery.cancel_scope.cancel()
+
+
+async def test_writes_that_could_not_reach_the_store_are_refused_not_unknown(
+    pg_conninfo: str, postgres: Any, tmp_path: Path
+) -> None:
+    """PostgreSQL down while the host's lease still holds by its own clock: a durable write's
+    commit cannot open a connection, so nothing of it was sent, and its caller hears a refusal
+    (503 ``Overloaded``: not durable, try again), not ``OutcomeUnknown``."""
+    create(pg_conninfo, 8)
+    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+    keeper = LeaseKeeper(store, LeaseSettings(ttl=30.0, margin=1.0), time.monotonic)
+    a = ClusterStorage(tmp_path / "a", store, keeper)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, router=lambda h: ClusterRouter(h, a)) as t:
+            assert (await call(t, "put", key="x", value="before")).status == 200
+            await trio.to_thread.run_sync(postgres.stop, "fast")
+            try:
+                error = (await call(t, "put_error", key="x", value="no")).json()
+            finally:
+                await trio.to_thread.run_sync(postgres.start)
+            assert error.startswith("Overloaded: "), error
+            assert "could not reach the cluster's store" in error
+            assert (await call(t, "get", key="x")).json() == "before"
         nursery.cancel_scope.cancel()

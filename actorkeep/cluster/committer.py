@@ -17,6 +17,7 @@ import structlog
 import trio
 
 from ..errors import HostClosed
+from .connections import NotSent
 from .records import AlarmChange, Fenced, Store, Write
 
 log = structlog.get_logger("actorkeep")
@@ -137,7 +138,9 @@ class Committer:
                 continue
             except Exception as exc:  # the outcome is unknown: every write of the batch fails
                 log.warning(
-                    "a commit to the cluster's store failed: its outcome is unknown",
+                    "a commit could not reach the cluster's store: nothing was sent"
+                    if isinstance(exc, NotSent)
+                    else "a commit to the cluster's store failed: its outcome is unknown",
                     writes=len(live),
                     alarm_changes=len(alarms),
                     error=repr(exc),

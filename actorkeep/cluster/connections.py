@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import structlog
 
-__all__ = ["CONNECT_DEFAULTS", "Link", "connect", "ended_by_server"]
+__all__ = ["CONNECT_DEFAULTS", "Link", "NotSent", "connect", "ended_by_server"]
 
 log = structlog.get_logger("actorkeep")
 
@@ -37,6 +37,11 @@ def connect(conninfo: str) -> psycopg.Connection[Any]:
     return psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **extra), autocommit=True)
 
 
+class NotSent(psycopg.OperationalError):
+    """The store could not be reached: a new connection failed, so nothing of the call was
+    sent (unlike a statement that failed on an open connection, whose outcome is unknown)."""
+
+
 class Link:
     """One connection and the lock that serialises its use (the host calls the store from
     several sync threads at once). A broken connection (PostgreSQL restarted, failed over, or
@@ -58,9 +63,12 @@ class Link:
         transaction (a use inside another one gets the same connection)."""
         with self.lock:
             if self._closed:
-                raise psycopg.OperationalError("the store is closed")
+                raise NotSent("the store is closed")
             if self._depth == 0:
-                self._revive()
+                try:
+                    self._revive()
+                except psycopg.OperationalError as exc:
+                    raise NotSent(f"could not connect to the cluster's store: {exc}") from exc
             self._depth += 1
             try:
                 yield self.conn

@@ -14,6 +14,7 @@ import trio
 from ..errors import OutcomeUnknown, Overloaded
 from ..runtime.storage import FileDatabase
 from .committer import Committer, Ticket
+from .connections import NotSent
 from .keeper import LeaseKeeper
 from .records import Fenced, Store, Write
 from .replica import Replica
@@ -35,6 +36,14 @@ class StoreUnreachable(Overloaded):
         super().__init__(f"{address} cannot be restored now: the store is unreachable", 1.0)
 
 
+class WritesNotSent(Overloaded):
+    """503: the cluster's store could not be reached, so the actor's writes were never sent:
+    none of them is durable; try again."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"the writes of {address} could not reach the cluster's store", 1.0)
+
+
 def _unknown(address: str) -> OutcomeUnknown:
     return OutcomeUnknown(
         f"the commit of {address}'s writes to the cluster's store did not end: they may be durable"
@@ -44,9 +53,12 @@ def _unknown(address: str) -> OutcomeUnknown:
 def _sync_error(address: str, exc: BaseException) -> BaseException:
     """What the callers of a failed sync hear: 503 ``NotServedHere`` if nothing it covered
     can be durable (fenced: the statement committed nothing; or the lease was gone before it
-    shipped), ``OutcomeUnknown`` if the store's answer did not come (it may have committed)."""
+    shipped), 503 ``WritesNotSent`` if the store could not be reached (nothing was sent),
+    ``OutcomeUnknown`` if the store's answer did not come (it may have committed)."""
     if isinstance(exc, Fenced):
         return NotServedHere(address)
+    if isinstance(exc, NotSent):
+        return WritesNotSent(address)
     if isinstance(exc, Exception) and not isinstance(exc, Overloaded | OutcomeUnknown):
         return _unknown(address)
     return exc
