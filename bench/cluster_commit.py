@@ -100,17 +100,11 @@ def beside_compactions(
     thread = threading.Thread(target=compacting)
     thread.start()
     try:
-        lat = []
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            start = time.perf_counter()
-            store.commit([Write(0, epochs[0], "store/s", next(seqs), PAGE)])
-            lat.append(time.perf_counter() - start)
+        rate, _, p99 = one_by_one(store, epochs[0], seconds, seqs)
     finally:
         stop.set()
         thread.join()
-    lat.sort()
-    return len(lat) / sum(lat), lat[int(0.99 * (len(lat) - 1))] * 1e3, compactions[0]
+    return rate, p99, compactions[0]
 
 
 async def group(

@@ -24,7 +24,7 @@ from .faults import ALL_FAULTS, FAULT_KINDS, parse_faults
 from .report import around
 from .runner import SeedResult, replay_command
 from .scenarios import SCENARIOS, run_seed, scenario_of_bug
-from .shrinking import shrink
+from .shrinking import shrink_runs
 
 try:  # the cluster needs the package's cluster extra (psycopg)
     from .cluster import CLUSTER_BUGS
@@ -207,17 +207,13 @@ def shrunk_replay(
     """Shrink ``result``'s faults to a schedule that still breaks the same invariants; say
     what it is and how to replay it, and return its run."""
     broken = {v.invariant for v in result.violations}
-    best = result  # the run of the smallest failing schedule so far (only that one is kept)
-
-    def fails(candidate: FaultSchedule) -> bool:
-        nonlocal best
-        run = run_seed(scenario, args.seed, args.bug, args.faults, False, candidate)
-        failed = {v.invariant for v in run.violations} == broken
-        if failed:
-            best = run
-        return failed
-
-    shrunk = shrink(result.schedule, fails, args.shrink)
+    shrunk, best = shrink_runs(
+        result.schedule,
+        result,
+        lambda candidate: run_seed(scenario, args.seed, args.bug, args.faults, False, candidate),
+        lambda run: {v.invariant for v in run.violations} == broken,
+        args.shrink,
+    )
     text = shrunk.schedule.to_text()
     out.append(f"its faults: {result.schedule.summary()}")
     out.append(f"shrunk: {shrunk.report()}")

@@ -20,7 +20,7 @@ from .faults import FAULT_KINDS, Faults, draw_faults, parse_faults
 from .invariants import CheckFailed
 from .report import around, tail
 from .runner import IDLE_TIMEOUTS
-from .shrinking import Shrunk, shrink
+from .shrinking import Shrunk, shrink_runs
 from .world import TIME_LIMIT, World
 
 #: What ``pytest.fail()`` raises (a BaseException): a failure of the seed, not of the run.
@@ -246,17 +246,13 @@ def _shrink(
     run: SeedRun,
     recorded: FaultSchedule,
 ) -> tuple[Shrunk, SeedRun, bool]:
-    best = run  # the run of the smallest failing schedule so far (only that one is kept)
-
-    def fails(candidate: FaultSchedule) -> bool:
-        nonlocal best
-        attempt = run_one(spec, test, kwargs, run.seed, candidate)
-        failed = attempt.signature == run.signature
-        if failed:
-            best = attempt
-        return failed
-
-    shrunk = shrink(recorded, fails, spec.shrink)
+    shrunk, best = shrink_runs(
+        recorded,
+        run,
+        lambda candidate: run_one(spec, test, kwargs, run.seed, candidate),
+        lambda attempt: attempt.signature == run.signature,
+        spec.shrink,
+    )
     # The schedule printed must replay exactly: run it once more (the recorded one too, when
     # nothing smaller failed: replaying a seed's own schedule gives the seed's run).
     again = run_one(spec, test, kwargs, run.seed, shrunk.schedule)

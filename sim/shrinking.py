@@ -23,8 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from .fault_schedule import AIMED, KINDS, OP_CRASH_STEPS, FaultEvent, FaultSchedule
+
+R = TypeVar("R")
 
 #: The order in which whole kinds are dropped: the noisiest first.
 _KIND_ORDER = (
@@ -119,6 +122,29 @@ def shrink(
     except _Budget:
         pass
     return out
+
+
+def shrink_runs(
+    schedule: FaultSchedule,
+    first: R,
+    run: Callable[[FaultSchedule], R],
+    same: Callable[[R], bool],
+    max_runs: int = 100,
+) -> tuple[Shrunk, R]:
+    """``shrink`` where a candidate fails if ``same(run(candidate))``; also the run of the
+    schedule it ends with (``first``, the failing run of ``schedule``, if nothing smaller
+    failed). Only that one run is kept."""
+    best = first
+
+    def fails(candidate: FaultSchedule) -> bool:
+        nonlocal best
+        attempt = run(candidate)
+        if same(attempt):
+            best = attempt
+            return True
+        return False
+
+    return shrink(schedule, fails, max_runs), best
 
 
 def _reaimed(schedule: FaultSchedule) -> Iterator[FaultSchedule]:

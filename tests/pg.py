@@ -189,3 +189,15 @@ def multi_host(*servers: Server, dbname: str) -> str:
     return (
         f"host={hosts} port={ports} user=postgres dbname={dbname} target_session_attrs=read-write"
     )
+
+
+def wait_for_a_lock_wait(probe: Any) -> None:
+    """Until a backend of the test's database waits for a lock. ``probe``: a psycopg
+    connection in autocommit, so that each look reads ``pg_stat_activity`` afresh."""
+    deadline = time.monotonic() + 10
+    while not probe.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone():
+        assert time.monotonic() < deadline, "nothing waited for the lock"
+        time.sleep(0.01)

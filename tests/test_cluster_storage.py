@@ -21,6 +21,7 @@ from actorkeep.cluster.committer import Committer, Ticket
 from actorkeep.cluster.router import ClusterRouter
 from actorkeep.errors import OutcomeUnknown
 from actorkeep.testing import open_host
+from tests.pg import wait_for_a_lock_wait
 
 SETTINGS = LeaseSettings(ttl=0.6, margin=0.2)
 app = ak.App()
@@ -476,7 +477,9 @@ async def test_commits_do_not_queue_behind_the_stores_other_calls(
             )
             for _ in range(6):  # more than the store's threads
                 nursery.start_soon(a.in_thread, lambda: a.store.heartbeat(SETTINGS.ttl))
-            await trio.sleep(0.2)
+            with psycopg.connect(pg_conninfo, autocommit=True) as probe:
+                await trio.to_thread.run_sync(wait_for_a_lock_wait, probe)
+            await trio.sleep(0.2)  # and the other threads wait behind it
             with trio.fail_after(5):
                 await a.committer.commit(Write(0, lease.epoch, "c/x", 1, b"one"))
             holder.commit()

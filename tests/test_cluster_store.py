@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,6 +24,7 @@ from actorkeep.cluster import (
 from actorkeep.cluster.records import AlarmChange, Store
 from actorkeep.cluster.store import COMMIT_FRAMES, COMMIT_ONE
 from sim.cluster.store import MemoryCluster
+from tests.pg import wait_for_a_lock_wait
 
 TTL, MARGIN = 0.6, 0.2
 
@@ -256,18 +256,6 @@ def test_renewals_and_releases_lock_lease_rows_in_partition_order(
     owners = [a.lease_of(p)[0] for p in range(3)]
     assert owners == (["a"] * 3 if method == "renew" else [None] * 3)
     a.close()
-
-
-def wait_for_a_lock_wait(probe: psycopg.Connection[Any]) -> None:
-    """Until a backend of the test's database waits for a lock (``probe`` in autocommit, so
-    that each look reads ``pg_stat_activity`` afresh)."""
-    deadline = time.monotonic() + 10
-    while not probe.execute(
-        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND datname = current_database() AND pid <> pg_backend_pid()"
-    ).fetchone():
-        assert time.monotonic() < deadline, "nothing waited for the lock"
-        time.sleep(0.01)
 
 
 def test_a_commit_does_not_wait_behind_the_hosts_other_statements(pg_conninfo: str) -> None:
