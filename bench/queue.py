@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{QUEUES} queues {med['eight_queues']:,.0f} sends/s, "
         f"ratio {med['eight_queues'] / med['one_queue']:.2f}x (no target)"
     )
-    features.run(rounds, args.quick)
+    features.run(args.rounds or (1 if args.quick else features.ROUNDS), args.quick)
 
 
 if __name__ == "__main__":
