@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 import trio.testing
 
@@ -472,14 +473,15 @@ async def test_a_sync_that_says_why_it_failed_answers_503_with_that(
     """A cluster's storage fails a sync with ``Overloaded`` (the host does not serve the actor
     now: nothing it covered is durable) or ``OutcomeUnknown`` (the store's answer did not
     come): the held reply is refused with that, 503 and Retry-After, not 500; a calling actor
-    hears the same kind (``OutcomeUnknown`` is a ``CallTimeout``: it may have run)."""
+    hears the same kind (``OutcomeUnknown`` is a ``CallTimeout``: it may have run). The log
+    line names the cause, which the caller's error does not."""
     real = FileDatabase.sync
     armed: list[bool] = []
 
     async def sync(db: FileDatabase) -> None:
         if armed and db.where.endswith("a.sqlite"):
             armed.clear()
-            raise error
+            raise error from LookupError("what went wrong")
         await real(db)
 
     monkeypatch.setattr(FileDatabase, "sync", sync)
@@ -488,8 +490,12 @@ async def test_a_sync_that_says_why_it_failed_answers_503_with_that(
     async with open_host(app, data_dir, debug=False) as host:
         await warm(host, "ledger/a")
         armed.append(True)
-        resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 1})
+        with structlog.testing.capture_logs() as logs:
+            resp = await host.request("POST", "/ledger/a/_rpc/add", json={"x": 1})
         assert resp.status == 503, resp.body
+        # The log says what went wrong, not only what the callers heard.
+        failed = [e for e in logs if e["event"].startswith("sync failed")]
+        assert [e["cause"] for e in failed] == ["LookupError('what went wrong')"]
         assert resp.json()["error"] == name and resp.headers["retry-after"] == "1"
         assert b"sqlite" not in resp.body
         assert await call(host, "ledger/a", "add", x=2) == 2  # reopened, and serving

@@ -340,6 +340,9 @@ class Dispatcher:
                 address=act.address,
                 file=db.where,
                 error=repr(exc),
+                # What the storage said its callers hear (503 "may be durable", say) is often
+                # not what went wrong: that is the cause.
+                cause=None if exc.__cause__ is None else repr(exc.__cause__),
             )
             # What its sockets were sent may be lost: the clients reconnect and read afresh.
             self.sockets.close_actor(act.address, INTERNAL, "the actor's storage failed")
