@@ -23,7 +23,8 @@ from actorkeep.cluster.backend import ClusterStorage, NotServedHere
 from actorkeep.cluster.frames import LogFormatError
 from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.records import StoreError, Write
-from actorkeep.cluster.replica import held
+from actorkeep.cluster.replica import Replica, held
+from actorkeep.runtime.storage import FileDatabase
 from actorkeep.testing import open_host
 from sim.cluster.store import (
     MemoryCluster,
@@ -230,6 +231,60 @@ async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
     cluster.frames["kv/a"][3] = cluster.frames["kv/a"][1]  # a hole: batch 2 missing
     with pytest.raises(LogFormatError, match="batch 2 is missing"):
         held(store, "kv/a")
+
+
+async def test_no_sync_reads_the_log_while_a_checkpoint_starts_it_afresh(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``bench/cluster_actors.py`` (a shard's sync failed with "the log went back from
+    frame 4266 to 0", and its held replies with it): SQLite, starting the log afresh in the
+    checkpoint's thread, resets the log's index before it rewrites the log's header, and a
+    gate's sync that read the log in between saw the old log with no frames. A sync asked for
+    during a checkpoint waits until the checkpoint has ended; then it reads the new log."""
+    _, _, _, _, storage = one_host(tmp_path, 0.005)
+    in_checkpoint, go_on = trio.Event(), trio.Event()
+    real_checkpoint = FileDatabase.checkpoint
+
+    async def checkpoint(db: FileDatabase) -> None:
+        in_checkpoint.set()
+        await go_on.wait()
+        await real_checkpoint(db)
+
+    monkeypatch.setattr(FileDatabase, "checkpoint", checkpoint)
+    reads: list[bool] = []  # per read of the log: whether the checkpoint had gone on
+    real_ship = Replica.ship
+
+    def ship(replica: Replica, epoch: int) -> Any:
+        reads.append(go_on.is_set())
+        return real_ship(replica, epoch)
+
+    monkeypatch.setattr(Replica, "ship", ship)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        await storage.ready("kv", "a")
+        db = storage.open_actor("kv", "a")
+        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        await db.sync()
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        await db.prepare_checkpoint()
+        nursery.start_soon(db.checkpoint)
+        await in_checkpoint.wait()  # its own read is done; the log is about to start afresh
+        assert reads == [False, False]
+        synced = trio.Event()
+
+        async def gate_sync() -> None:  # a gate's sync, asked for meanwhile
+            await db.sync()
+            synced.set()
+
+        nursery.start_soon(gate_sync)
+        await trio.sleep(1.0)
+        assert reads == [False, False]  # it waits
+        go_on.set()
+        await synced.wait()
+        assert reads == [False, False, True]
+        db.conn.execute("INSERT INTO t VALUES (2)")  # the first write of the new log
+        await db.sync()
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_sync_asked_for_after_a_close_ends_with_the_close_s_commit(

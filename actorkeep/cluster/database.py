@@ -139,9 +139,17 @@ class ClusterDatabase:
         await self._inner.prepare_checkpoint()
 
     async def checkpoint(self) -> None:
-        await self.sync()  # the log's frames reach the store before SQLite starts it afresh
-        self._replica.expect_restart()
-        await self._inner.checkpoint()
+        # The whole checkpoint under the sync lock: SQLite, starting the log afresh (in the
+        # checkpoint's thread), resets the log's index before it rewrites the log's header,
+        # and a sync reading the log in between saw the old log with no frames in it ("the log
+        # went back"): the sync failed, and its held replies with it.
+        async with self._one_at_a_time:
+            if not self._shut:
+                await self._ship()  # the frames reach the store before the log starts afresh
+                self._replica.expect_restart()
+                await self._inner.checkpoint()
+                return
+        await self._after_close()
 
     def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
         """Never: a sync ships frames to the store, which takes awaits before it starts."""
@@ -155,6 +163,9 @@ class ClusterDatabase:
             if not self._shut:
                 await self._ship()
                 return
+        await self._after_close()
+
+    async def _after_close(self) -> None:
         # Closed meanwhile (evicted with a sync still asked for): what it had not shipped went
         # with the close's own commit (which takes the lock): durable when that ends.
         await self._close_commit.wait()
