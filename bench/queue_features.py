@@ -55,7 +55,7 @@ HOUR = 3600
 QUICK_GROUPS, QUICK_SPAN = 1_000, 60  # --quick: a smoke run
 #: Rounds by default. One round's grouped/ungrouped ratio swings from 0.56x to 0.99x on the
 #: project's 2-core VM (both sides' rates vary by a third from round to round), so the
-#: median needs many rounds to settle: with 7 it moved between 0.75x and 0.82x from run to run.
+#: median needs many rounds to settle: with 5 to 7 it moved between 0.75x and 0.82x.
 ROUNDS = 15
 BENCH_TMP = Path(__file__).resolve().parent.parent / ".bench-tmp"
 

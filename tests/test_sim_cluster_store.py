@@ -20,6 +20,7 @@ import actorkeep as ak
 import shards
 from actorkeep.cluster import LeaseKeeper, LeaseSettings
 from actorkeep.cluster.backend import ClusterStorage, NotServedHere
+from actorkeep.cluster.database import ClusterDatabase
 from actorkeep.cluster.frames import LogFormatError
 from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.records import StoreError, Write
@@ -183,6 +184,16 @@ def one_host(
     return cluster, store, link, keeper, ClusterStorage(root, store, keeper, run_store=link.run)
 
 
+async def synced_table(storage: ClusterStorage, address: str) -> ClusterDatabase:
+    """``address`` opened on ``storage``, with a table ``t (k)`` created and synced."""
+    class_name, name = address.split("/")
+    await storage.ready(class_name, name)
+    db = storage.open_actor(class_name, name)
+    db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    await db.sync()
+    return db
+
+
 async def test_a_close_during_a_failing_sync_leaves_no_hole_in_the_store(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -261,10 +272,7 @@ async def test_no_sync_reads_the_log_while_a_checkpoint_starts_it_afresh(
     monkeypatch.setattr(Replica, "ship", ship)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
-        await storage.ready("kv", "a")
-        db = storage.open_actor("kv", "a")
-        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
-        await db.sync()
+        db = await synced_table(storage, "kv/a")
         db.conn.execute("INSERT INTO t VALUES (1)")
         await db.prepare_checkpoint()
         nursery.start_soon(db.checkpoint)
@@ -297,19 +305,13 @@ async def test_a_sync_asked_for_after_a_close_ends_with_the_close_s_commit(
     cluster, store, _, keeper, storage = one_host(tmp_path, 0.005)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
-        await storage.ready("kv", "a")
-        db = storage.open_actor("kv", "a")
-        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
-        await db.sync()
+        db = await synced_table(storage, "kv/a")
         db.conn.execute("INSERT INTO t VALUES (1)")
         db.close()  # evicted; the gate asks for its sync after
         await db.sync()  # durable: the close's batch is committed
         assert sorted(cluster.frames["kv/a"]) == [1, 2]
 
-        await storage.ready("kv", "b")
-        other = storage.open_actor("kv", "b")
-        other.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
-        await other.sync()
+        other = await synced_table(storage, "kv/b")
         other.conn.execute("INSERT INTO t VALUES (1)")
         partition = other.partition
         store.release([keeper.held[partition]])  # the lease is gone before the close
@@ -331,10 +333,7 @@ async def test_a_late_renewal_holds_a_sync_instead_of_failing_it(
     cluster, _, link, keeper, storage = one_host(tmp_path, 0.001, settings)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
-        await storage.ready("kv", "a")
-        db = storage.open_actor("kv", "a")
-        db.conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
-        await db.sync()
+        db = await synced_table(storage, "kv/a")
         link.pause()  # the next renewals hang
         until = keeper.held[db.partition].until
         await trio.sleep(until - trio.current_time() + 0.1)
