@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec
 from .address import split_address
 from .errors import error_for_status
-from .http import Response
+from .http import Response, ValueReply
 
 if TYPE_CHECKING:
     from .context import ActorContext
@@ -96,6 +96,8 @@ class ActorRef:
 
 def decode_reply(resp: Response) -> Any:
     """The result carried by an ``@rpc`` reply, or the exception its error status means."""
+    if type(resp) is ValueReply:  # from an actor of this host: already the caller's copy
+        return resp.value
     if resp.status < 400:
         return codec.decode_result(resp.body, codec.encoding_of(resp.headers.get("content-type")))
     try:

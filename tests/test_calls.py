@@ -52,6 +52,27 @@ class Service(ak.Actor):
     async def whose_event(self) -> str:
         return ak.current_actor().address
 
+    @ak.rpc
+    async def kept(self, add: int) -> dict[str, Any]:
+        """A value the callee keeps and changes after it answered; awaits (the worker path)."""
+        await trio.lowlevel.checkpoint()
+        self.box: dict[str, Any] = getattr(self, "box", {"items": [[0]]})
+        self.box["items"][0].append(add)
+        return self.box
+
+    @ak.rpc
+    async def odd(self, kind: str) -> Any:
+        """Results only msgpack's round trip copies as it would arrive over the wire."""
+        await trio.lowlevel.checkpoint()
+        return {
+            "tuple": (1, (2, "x")),
+            "text": "caf\u00e9 \u2603",
+            "deep": [[[[[[[1, {"k": (3,)}]]]]]]],
+            "big": 1 << 64,
+            "set": {1, 2},
+            "surrogate": "\udc80",
+        }[kind]
+
 
 @app.actor("client")
 class Client(ak.Actor):
@@ -133,6 +154,21 @@ class Client(ak.Actor):
         return [mine, theirs]
 
     @ak.rpc
+    async def results(self) -> list[Any]:
+        svc = self.actors.ref("svc/r")
+        first = await svc.kept(add=1)
+        first["items"][0].append("mine")  # the caller's copy: the callee's stays as it was
+        second = await svc.kept(add=2)
+        odd = [await svc.odd(kind=k) for k in ("tuple", "text", "deep")]
+        errors = []
+        for kind in ("big", "set", "surrogate"):
+            try:
+                await svc.odd(kind=kind)
+            except ak.RemoteError as exc:
+                errors.append([exc.status, exc.error])
+        return [first, second, odd, errors]
+
+    @ak.rpc
     async def context_inside(self) -> list[str]:
         return [ak.current_actor().address, await self.actors.ref("svc/a").whose_event()]
 
@@ -183,6 +219,20 @@ async def test_ref_calls_and_remote_errors(
         assert await rpc(host, "client/c", "not_found") == [404, 404]
         # Values are copied across the call: the callee cannot change the caller's objects.
         assert await rpc(host, "client/c", "isolation") == [[1, 2], [1, 2, 99]]
+
+
+async def test_a_result_is_the_callers_own_copy_as_over_the_wire(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Within a host a result is handed over as a copy, not encoded and decoded: the caller
+    and the callee never share an object, and what arrives (or fails) is what msgpack's round
+    trip would give."""
+    async with open_host(app, data_dir) as host:
+        first, second, odd, errors = await rpc(host, "client/c", "results")
+    assert first == {"items": [[0, 1, "mine"]]}
+    assert second == {"items": [[0, 1, 2]]}  # the caller's change never reached the callee
+    assert odd == [[1, [2, "x"]], "caf\u00e9 \u2603", [[[[[[[1, {"k": [3]}]]]]]]]]
+    assert errors == [[500, "OverflowError"], [500, "TypeError"], [500, "UnicodeEncodeError"]]
 
 
 async def test_reentry_is_refused_at_once(

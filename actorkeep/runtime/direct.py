@@ -84,7 +84,7 @@ class DirectCalls:
             rpc.check_args(copied)
         except ValueError as exc:
             raise BadRequest(400, "BadRequest", str(exc)) from None
-        ev = Event("rpc", rpc.fn, None, chain, None, copied, "msgpack", rpc.inline)
+        ev = Event.direct_rpc(rpc.fn, copied, chain, rpc.inline)
         reply = await self._dispatcher.dispatch(address, actor_class, name, ev, timeout)
         return decode_reply(reply)
 

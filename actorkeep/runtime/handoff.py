@@ -104,6 +104,16 @@ class Event:
     def checkpoint(cls) -> Event:
         return cls("checkpoint", None, None, ())
 
+    @classmethod
+    def direct_rpc(
+        cls, fn: Callable[..., Any], args: dict[str, Any], chain: tuple[str, ...], inline: bool
+    ) -> Event:
+        """An ``@rpc`` call from an actor of this host: its value is answered as a copy
+        (``ValueReply``), what encoding it and decoding the reply would give."""
+        ev = cls("rpc", fn, None, chain, None, args, "msgpack", inline)
+        ev.direct = True
+        return ev
+
     @property
     def from_outside(self) -> bool:
         """Whether an outside client sent it (no actor called)."""
@@ -130,6 +140,8 @@ class Event:
         if self.kind == "websocket":
             return _HANDLED
         if self.direct:
+            if self.kind == "rpc":  # the caller's own copy, as msgpack both ways would give
+                return ValueReply(codec.copy_value(result))
             return result if isinstance(result, Response) else ValueReply(result)
         if self.encoding is not None:  # @rpc: encode the return value as the request was
             headers = _RESULT_HEADERS[self.encoding]
