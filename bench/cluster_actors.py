@@ -9,7 +9,10 @@ processes over a real PostgreSQL primary with a synchronous standby, both starte
    a time to ``kv/shard-0`` (the shard may be on another host: then the put is forwarded),
    timed inside the actor. Target (the cluster issue): p50 within 2x of ``raw``'s.
 3. ``callers``: the same driver runs 32 tasks doing durable puts to that one shard at once
-   (group commit and the output gates). Target: at least 5x ``raw``'s writes/s.
+   (group commit and the output gates). Target: at least 5x ``raw``'s writes/s. Also printed:
+   the machine's CPU time per put (every process: the hosts, PostgreSQL, its standby; from
+   ``/proc/stat``) and the rate that CPU cost allows on all of the machine's cores, which
+   bounds what any batching can reach here.
 4. ``mixed``: the crash suite's mixed load (``bench/crash.py``: durable KV puts, compare-and-set
    counters, queue sends pushed to a consumer), 18 client threads over HTTP spread over the
    hosts, on a 1-host and on a 3-host cluster, each on a fresh database: answered requests/s,
@@ -163,6 +166,14 @@ def raw(conninfo: str, seconds: float, seqs: count[int]) -> tuple[float, float]:
     return len(lat) / sum(lat), statistics.median(lat) * 1e3
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, all processes) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def cluster_args(conninfo: str) -> tuple[str, ...]:
     return ("--cluster", conninfo, "--partitions", str(PARTITIONS))
 
@@ -256,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         for k in (
             "raw/s", "raw p50 ms", "own write p50 ms", "put local p50 ms",
             "put forwarded p50 ms", "callers local/s", "callers forwarded/s",
+            "callers local CPU us/put", "callers forwarded CPU us/put",
             "1 host answers/s", "3 hosts answers/s",
             "1 host commits/answer", "3 hosts commits/answer",
             "1 host WAL B/answer", "3 hosts WAL B/answer",
@@ -283,8 +295,14 @@ def main(argv: list[str] | None = None) -> None:
                         lat = rpc(front, f"/{driver}/_rpc/one_by_one", {"seconds": seconds})
                         results[f"put {where} p50 ms"].append(statistics.median(lat) * 1e3)
                         asked = {"callers": CALLERS, "seconds": seconds}
+                        busy = busy_seconds()
                         per_s = rpc(front, f"/{driver}/_rpc/callers", asked)
+                        busy = busy_seconds() - busy
                         results[f"callers {where}/s"].append(per_s)
+                        # the rpc's call and answer are outside the puts' seconds: a bound
+                        results[f"callers {where} CPU us/put"].append(
+                            busy / (per_s * seconds) * 1e6
+                        )
             for r in range(rounds):
                 for hosts in (1, 3):
                     rate, commits, wal = mixed(primary, standby, root, hosts, seconds, r)
@@ -322,6 +340,15 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{CALLERS} callers {'on' if where == 'local' else 'forwarded to'} the shard's host: "
             f"rate / raw rate {spread(up, 2)}x (target >= 5x, {verdict[ok]})"
+        )
+        cores = os.cpu_count() or 1
+        bound = [
+            cores * 1e6 / cpu / r
+            for cpu, r in zip(results[f"callers {where} CPU us/put"], results["raw/s"], strict=True)
+        ]
+        print(
+            f"  the machine's CPU per put allows at most {spread(bound, 2)}x the raw rate on its "
+            f"{cores} cores"
         )
     scale = ratios("3 hosts answers/s", "1 host answers/s")
     print(f"mixed load, 3 hosts / 1 host answers/s: {spread(scale, 2)}x (a cost measure here)")
