@@ -92,6 +92,8 @@ def copy_args(args: dict[str, Any]) -> dict[str, Any]:
     return unpack(pack(args))  # type: ignore[no-any-return]
 
 
+#: The ints msgpack carries: pack raises beyond them.
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64
 #: ``copy_value`` copies maps and lists this deep itself; deeper values take the round trip.
 _COPY_DEPTH = 4
 
@@ -114,7 +116,7 @@ def _copied(value: Any, depth: int) -> Any:
     if kind in _COPIED_AS_IS:
         return value
     if kind is int:
-        if -(1 << 63) <= value < 1 << 64:
+        if _INT_MIN <= value < _INT_END:
             return value
     elif kind is str:
         if value.isascii():
@@ -124,10 +126,24 @@ def _copied(value: Any, depth: int) -> Any:
         for key, item in value.items():
             if type(key) is not str or not key.isascii():
                 raise _NotPlain
-            out[key] = _copied(item, depth - 1)
+            of = type(item)  # plain scalars as they are, without a call
+            out[key] = (
+                item
+                if of in _COPIED_AS_IS
+                or (of is int and _INT_MIN <= item < _INT_END)
+                or (of is str and item.isascii())
+                else _copied(item, depth - 1)
+            )
         return out
     elif depth and kind is list:
-        return [_copied(item, depth - 1) for item in value]
+        return [
+            item
+            if (of := type(item)) in _COPIED_AS_IS
+            or (of is int and _INT_MIN <= item < _INT_END)
+            or (of is str and item.isascii())
+            else _copied(item, depth - 1)
+            for item in value
+        ]
     raise _NotPlain
 
 

@@ -144,6 +144,8 @@ def check_message_key(v: object, name: str) -> str | None:
     """A message's key or group: None, or a str of 1..MAX_NAME characters."""
     if v is None:
         return None
+    if type(v) is str and 0 < len(v) <= MAX_NAME and v.isascii():  # the common case, at once
+        return v
     if not check_str(v, name, MAX_NAME):
         raise ValueError(f"{name} must not be empty")
     return v  # type: ignore[return-value]
