@@ -71,11 +71,12 @@ class Producer(ak.Actor):
         """``count`` ``send_batch`` calls of 1,000 bodies; seconds taken."""
         q = ak.queue.Client(queue)
         bodies = [BODY] * BATCH
+        # Made before the clock starts: the sends are timed, not the making of their keys.
+        keys = [[f"{queue}-{b}-{i}" for i in range(BATCH)] if keyed else None for b in range(count)]
         await q.send(BODY)  # not timed: the queue's file exists
         start = time.perf_counter()
         for b in range(count):
-            keys = [f"{queue}-{b}-{i}" for i in range(BATCH)] if keyed else None
-            await q.send_batch(bodies, keys=keys)
+            await q.send_batch(bodies, keys=keys[b])
         return time.perf_counter() - start
 
     @ak.rpc
