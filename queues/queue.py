@@ -106,6 +106,11 @@ LINGER = 2.0
 _CONFIG_COLUMNS = ", ".join(CONFIG_FIELDS)
 
 
+def _marks(n: int) -> str:
+    """``?,?,...``: ``n`` parameters."""
+    return ",".join("?" * n)
+
+
 class Queue(ak.Actor):
     """A durable queue: pull (``lease``/``ack``) or push (``Config(consumer=...)``).
 
@@ -437,6 +442,10 @@ class Queue(ak.Actor):
         acked = retried = 0
         exec_ = self.sql.exec
         freed: set[str] = set()
+        # Acks alone, each of its own message (what a drain mostly settles): two statements,
+        # not two an ack. Anything else goes one outcome at a time, in order.
+        if all(type(o) is Ack for o in outcomes) and len({o.id for o in outcomes}) == len(outcomes):
+            return self._ack_all(now, outcomes), None
         with self.sql.transaction():
             for o in outcomes:
                 row = exec_(
@@ -486,6 +495,43 @@ class Queue(ak.Actor):
         if retried:
             self.count_metric("queue.retries", retried, label=self.address)
         return results, earliest
+
+    def _ack_all(self, now: float, acks: list[Outcome]) -> list[bool]:
+        """``settle`` of acks of distinct messages only, in two statements however many: the
+        messages still leased at the acked attempt are deleted; whether each was."""
+        attempt_of = {o.id: o.attempt for o in acks}
+        ids = list(attempt_of)
+        with self.sql.transaction():
+            current = [
+                id_
+                for id_, attempts in self.sql.exec(
+                    f"SELECT id, attempts FROM actorkeep_queue WHERE id IN ({_marks(len(ids))}) "
+                    "AND leased = 1",
+                    ids,
+                ).fetchall()
+                if attempts == attempt_of[id_]
+            ]
+            rows = (
+                self.sql.exec(
+                    f"DELETE FROM actorkeep_queue WHERE id IN ({_marks(len(current))}) "
+                    "RETURNING id, key, grp, remember",
+                    current,
+                ).fetchall()
+                if current
+                else []
+            )
+            for id_, key, _, remember in rows:
+                if key is not None and remember is not None:
+                    self.sql.exec(
+                        "INSERT OR REPLACE INTO actorkeep_queue_keys (key, id, until) "
+                        "VALUES (?, ?, ?)",
+                        (key, id_, now + remember),
+                    )
+            promote(self.sql, now, {g for _, _, g, _ in rows if g is not None})
+        if rows:
+            self.count_metric("queue.acked", len(rows), label=self.address)
+        done = set(current)
+        return [o.id in done for o in acks]
 
     def _bury(
         self,

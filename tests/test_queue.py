@@ -214,6 +214,35 @@ async def test_settle_mixes_acks_and_retries(
         assert await q.settle([]) == []
 
 
+async def test_a_settle_of_acks_alone_applies_each_as_one_at_a_time_would(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Acks of distinct messages are applied in two statements (``Queue._ack_all``): only
+    what is leased at the acked attempt goes, keys are remembered, groups move on; an ack
+    given twice in one settle takes the one-by-one path (the second finds nothing)."""
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        plain, stale, keyed = await q.send_batch([b"p", b"s", b"k"], keys=[None, None, "k-1"])
+        keyed_remembered = await q.send(b"r", key="k-2", remember=60)
+        first, second = await q.send_batch([b"g1", b"g2"], groups=["g", "g"])
+        await q.lease(max=10, visibility=10)
+        await trio.sleep(10)  # every lease runs out; stale's is taken again at attempt 2
+        [again] = [x for x in await q.lease(max=10, visibility=10) if x.id == stale]
+        assert again.attempt == 2
+        gone = second + 100
+        outcomes = [Ack(keyed, 2), Ack(gone, 1), Ack(stale, 1), Ack(plain, 2), Ack(first, 2),
+                    Ack(keyed_remembered, 2)]  # fmt: skip
+        assert await q.settle(outcomes) == [True, False, False, True, True, True]
+        assert (await q.get(stale)).state == "leased"  # its attempt 2 is still out
+        assert [await q.get(i) for i in (plain, keyed, first, keyed_remembered)] == [None] * 4
+        assert await q.send(b"again", key="k-2") == keyed_remembered  # remembered
+        assert await q.send(b"again", key="k-1") > second  # forgotten: a new message
+        [head] = [x for x in await q.lease(max=10, visibility=10) if x.id == second]
+        assert head.attempt == 1  # the group's next, free once its first was acked
+        assert await q.settle([Ack(stale, 2), Ack(stale, 2)]) == [True, False]
+        assert await q.get(stale) is None
+
+
 async def test_max_attempts_moves_to_dead_letters(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
