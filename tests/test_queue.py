@@ -226,7 +226,7 @@ async def test_a_settle_of_acks_alone_applies_each_as_one_at_a_time_would(
         keyed_remembered = await q.send(b"r", key="k-2", remember=60)
         first, second = await q.send_batch([b"g1", b"g2"], groups=["g", "g"])
         await q.lease(max=10, visibility=10)
-        await trio.sleep(10)  # every lease runs out; stale's is taken again at attempt 2
+        await trio.sleep(10)  # every lease runs out, and each is taken again at attempt 2
         [again] = [x for x in await q.lease(max=10, visibility=10) if x.id == stale]
         assert again.attempt == 2
         gone = second + 100
