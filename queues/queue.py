@@ -436,16 +436,16 @@ class Queue(ak.Actor):
     def settle(self, now: float, outcomes: list[Outcome]) -> tuple[list[bool], float | None]:
         """Apply acks, retries and burials of current leases; the results and the earliest new
         ``visible_at`` a retry set (None if none)."""
+        # Acks alone, each of its own message (what a drain mostly settles): two statements,
+        # not two an ack. Anything else goes one outcome at a time, in order.
+        if all(type(o) is Ack for o in outcomes) and len({o.id for o in outcomes}) == len(outcomes):
+            return self._ack_all(now, outcomes), None
         cfg = self.cfg
         results: list[bool] = []
         earliest: float | None = None
         acked = retried = 0
         exec_ = self.sql.exec
         freed: set[str] = set()
-        # Acks alone, each of its own message (what a drain mostly settles): two statements,
-        # not two an ack. Anything else goes one outcome at a time, in order.
-        if all(type(o) is Ack for o in outcomes) and len({o.id for o in outcomes}) == len(outcomes):
-            return self._ack_all(now, outcomes), None
         with self.sql.transaction():
             for o in outcomes:
                 row = exec_(
@@ -461,11 +461,7 @@ class Queue(ak.Actor):
                 if isinstance(o, Ack):
                     exec_("DELETE FROM actorkeep_queue WHERE id = ?", (o.id,))
                     if key is not None and remember is not None:
-                        exec_(
-                            "INSERT OR REPLACE INTO actorkeep_queue_keys (key, id, until) "
-                            "VALUES (?, ?, ?)",
-                            (key, o.id, now + remember),
-                        )
+                        self._remember_key(key, o.id, now + remember)
                     if group is not None:
                         freed.add(group)
                     acked += 1
@@ -522,16 +518,19 @@ class Queue(ak.Actor):
             )
             for id_, key, _, remember in rows:
                 if key is not None and remember is not None:
-                    self.sql.exec(
-                        "INSERT OR REPLACE INTO actorkeep_queue_keys (key, id, until) "
-                        "VALUES (?, ?, ?)",
-                        (key, id_, now + remember),
-                    )
+                    self._remember_key(key, id_, now + remember)
             promote(self.sql, now, {g for _, _, g, _ in rows if g is not None})
         if rows:
             self.count_metric("queue.acked", len(rows), label=self.address)
         done = set(current)
         return [o.id in done for o in acks]
+
+    def _remember_key(self, key: str, id_: int, until: float) -> None:
+        """An acked message's key answers sends with ``id_`` until ``until``."""
+        self.sql.exec(
+            "INSERT OR REPLACE INTO actorkeep_queue_keys (key, id, until) VALUES (?, ?, ?)",
+            (key, id_, until),
+        )
 
     def _bury(
         self,

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 import actorkeep as ak
+from actorkeep import codec
 from actorkeep.testing import open_host
 
 app = ak.App()
@@ -169,6 +170,31 @@ class Client(ak.Actor):
         return [first, second, odd, errors]
 
     @ak.rpc
+    async def msgpack_of_calls(self, n: int) -> dict[str, int]:
+        """``n`` calls of an inline and of an awaiting method of an actor of this host; the
+        msgpack packs and unpacks they cost."""
+        counts = {"pack": 0, "unpack": 0}
+        real_pack, real_unpack = codec.pack, codec.unpack
+
+        def pack(value: Any) -> bytes:
+            counts["pack"] += 1
+            return real_pack(value)
+
+        def unpack(data: bytes) -> Any:
+            counts["unpack"] += 1
+            return real_unpack(data)
+
+        svc = self.actors.ref("svc/m")
+        codec.pack, codec.unpack = pack, unpack
+        try:
+            for i in range(n):
+                assert await svc.whoami() == {"me": "svc/m"}
+                assert (await svc.kept(add=i))["items"][0][-1] == i
+        finally:
+            codec.pack, codec.unpack = real_pack, real_unpack
+        return counts
+
+    @ak.rpc
     async def context_inside(self) -> list[str]:
         return [ak.current_actor().address, await self.actors.ref("svc/a").whose_event()]
 
@@ -233,6 +259,14 @@ async def test_a_result_is_the_callers_own_copy_as_over_the_wire(
     assert second == {"items": [[0, 1, 2]]}  # the caller's change never reached the callee
     assert odd == [[1, [2, "x"]], "caf\u00e9 \u2603", [[[[[[[1, {"k": [3]}]]]]]]]]
     assert errors == [[500, "OverflowError"], [500, "TypeError"], [500, "UnicodeEncodeError"]]
+
+
+async def test_a_call_within_a_host_costs_no_msgpack(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await rpc(host, "client/c", "msgpack_of_calls", n=1)  # svc/m exists
+        assert await rpc(host, "client/c", "msgpack_of_calls", n=10) == {"pack": 0, "unpack": 0}
 
 
 async def test_reentry_is_refused_at_once(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ import trio.testing
 import actorkeep as ak
 from actorkeep.queue import Ack, Config, Retry
 from actorkeep.testing import open_host
+from queues import Queue
 from queues.queue import backoff
 from tests.queue_support import Remote, alarm_of, app, deliveries, now, queue_file, table_rows
 
@@ -215,11 +217,19 @@ async def test_settle_mixes_acks_and_retries(
 
 
 async def test_a_settle_of_acks_alone_applies_each_as_one_at_a_time_would(
-    data_dir: Path, autojump_clock: trio.testing.MockClock
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Acks of distinct messages are applied in two statements (``Queue._ack_all``): only
     what is leased at the acked attempt goes, keys are remembered, groups move on; an ack
     given twice in one settle takes the one-by-one path (the second finds nothing)."""
+    batched: list[int] = []
+    ack_all = Queue._ack_all
+
+    def counted(self: Queue, now: float, acks: list[Any]) -> list[bool]:
+        batched.append(len(acks))
+        return ack_all(self, now, acks)
+
+    monkeypatch.setattr(Queue, "_ack_all", counted)
     async with open_host(app, data_dir) as host:
         q = Remote(host)
         plain, stale, keyed = await q.send_batch([b"p", b"s", b"k"], keys=[None, None, "k-1"])
@@ -241,6 +251,7 @@ async def test_a_settle_of_acks_alone_applies_each_as_one_at_a_time_would(
         assert head.attempt == 1  # the group's next, free once its first was acked
         assert await q.settle([Ack(stale, 2), Ack(stale, 2)]) == [True, False]
         assert await q.get(stale) is None
+    assert batched == [6]  # the first settle took the batched path, the repeated ack did not
 
 
 async def test_max_attempts_moves_to_dead_letters(
