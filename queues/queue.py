@@ -42,8 +42,9 @@ from actorkeep.wire.queue import (
 from actorkeep.wire.queue_checks import MAX_ERROR, MAX_PRIORITY, MIN_PRIORITY
 
 from . import limits, schema
+from .groups import link, next_id, set_tails, unlink
 from .recurring import RECURRING_PREFIX, Recurring, check_recurring
-from .sending import PLAIN, SendOptions, insert, promote
+from .sending import PLAIN, SendOptions, insert
 
 log = structlog.get_logger("actorkeep")
 
@@ -104,6 +105,8 @@ LEASE_SQL = (
 LINGER = 2.0
 
 _CONFIG_COLUMNS = ", ".join(CONFIG_FIELDS)
+#: Dead letters per INSERT of a redrive (seven parameters each; SQLite binds at most 32,766).
+_REDRIVE_ROWS = 2000
 
 
 def _marks(n: int) -> str:
@@ -203,10 +206,9 @@ class Queue(ak.Actor):
     async def op_cancel(self, a: dict[str, Any]) -> dict[str, Any]:
         with self.sql.transaction(durable=True):
             gone = self.sql.exec(
-                "DELETE FROM actorkeep_queue WHERE id = ? RETURNING grp", (a["id"],)
+                "DELETE FROM actorkeep_queue WHERE id = ? RETURNING id, grp, prev", (a["id"],)
             ).fetchall()
-            if gone and gone[0][0] is not None:
-                promote(self.sql, self.now(), {gone[0][0]})
+            unlink(self.sql, self.now(), gone)
         if gone:
             self.count_metric("queue.cancelled", label=self.address)
         return {"ok": bool(gone)}
@@ -281,7 +283,7 @@ class Queue(ak.Actor):
             "COALESCE(SUM((visible_at > :now AND leased = 0) OR blocked = 1), 0), "
             "COALESCE(SUM(visible_at > :now AND leased = 1), 0), "
             "MIN(CASE WHEN visible_at <= :now AND blocked = 0 THEN enqueued_at END), "
-            "COUNT(key), COUNT(DISTINCT grp) FROM actorkeep_queue",
+            "COUNT(key), (SELECT COUNT(*) FROM actorkeep_queue_groups) FROM actorkeep_queue",
             {"now": now},
         ).fetchone()
         (dead,) = self.sql.exec("SELECT COUNT(*) FROM actorkeep_queue_dead").fetchone()
@@ -328,16 +330,33 @@ class Queue(ak.Actor):
         with self.sql.transaction(durable=True):
             # New messages without a key (a live message may hold it now), at the end of
             # their groups.
-            cur = self.sql.exec(
-                "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, grp, "
-                "blocked) SELECT body, enqueued_at, ?, priority, grp, grp IS NOT NULL "
-                f"FROM actorkeep_queue_dead {where} ORDER BY id RETURNING grp",
-                (now, *params),
-            )
-            groups = {g for (g,) in cur.fetchall() if g is not None}
-            count = cur.rowcount
+            dead = self.sql.exec(
+                "SELECT body, enqueued_at, priority, grp "
+                f"FROM actorkeep_queue_dead {where} ORDER BY id",
+                params,
+            ).fetchall()
+            count = len(dead)
+            first = next_id(self.sql)
+            prevs, tails = link(self.sql, [g for *_, g in dead], first)
+            for at in range(0, count, _REDRIVE_ROWS):
+                chunk = dead[at : at + _REDRIVE_ROWS]
+                values: list[Any] = []
+                for (body, enqueued_at, priority, group), prev in zip(
+                    chunk, prevs[at : at + _REDRIVE_ROWS], strict=True
+                ):
+                    values += (body, enqueued_at, now, priority, group, prev is not None, prev)
+                written = self.sql.exec(
+                    "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, "
+                    "grp, blocked, prev) VALUES "
+                    + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+                    + " RETURNING id",
+                    values,
+                ).fetchall()
+                new = sorted(i for (i,) in written)
+                if new != list(range(first + at, first + at + len(chunk))):
+                    raise RuntimeError("redriven messages' ids were not consecutive")
+            set_tails(self.sql, tails)
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
-            promote(self.sql, now, groups)
         self.count_metric("queue.redriven", count, label=self.address)
         return {"count": count}
 
@@ -445,11 +464,11 @@ class Queue(ak.Actor):
         earliest: float | None = None
         acked = retried = 0
         exec_ = self.sql.exec
-        freed: set[str] = set()
+        acked_rows: list[tuple[int, str | None, int | None]] = []
         with self.sql.transaction():
             for o in outcomes:
                 row = exec_(
-                    "SELECT attempts, last_error, key, grp, remember, max_attempts "
+                    "SELECT attempts, last_error, key, grp, remember, max_attempts, prev "
                     "FROM actorkeep_queue WHERE id = ? AND leased = 1 AND attempts = ?",
                     (o.id, o.attempt),
                 ).fetchone()
@@ -457,13 +476,12 @@ class Queue(ak.Actor):
                     results.append(False)  # stale: leased again since, settled, or gone
                     continue
                 results.append(True)
-                attempts, last_error, key, group, remember, max_attempts = row
+                attempts, last_error, key, group, remember, max_attempts, prev = row
                 if isinstance(o, Ack):
                     exec_("DELETE FROM actorkeep_queue WHERE id = ?", (o.id,))
                     if key is not None and remember is not None:
                         self._remember_key(key, o.id, now + remember)
-                    if group is not None:
-                        freed.add(group)
+                    acked_rows.append((o.id, group, prev))
                     acked += 1
                     continue
                 if isinstance(o, Bury):
@@ -485,7 +503,7 @@ class Queue(ak.Actor):
                 )
                 retried += 1
                 earliest = visible_at if earliest is None else min(earliest, visible_at)
-            promote(self.sql, now, freed)
+            unlink(self.sql, now, acked_rows)
         if acked:
             self.count_metric("queue.acked", acked, label=self.address)
         if retried:
@@ -510,16 +528,16 @@ class Queue(ak.Actor):
             rows = (
                 self.sql.exec(
                     f"DELETE FROM actorkeep_queue WHERE id IN ({_marks(len(current))}) "
-                    "RETURNING id, key, grp, remember",
+                    "RETURNING id, key, grp, remember, prev",
                     current,
                 ).fetchall()
                 if current
                 else []
             )
-            for id_, key, _, remember in rows:
+            for id_, key, _, remember, _ in rows:
                 if key is not None and remember is not None:
                     self._remember_key(key, id_, now + remember)
-            promote(self.sql, now, {g for _, _, g, _ in rows if g is not None})
+            unlink(self.sql, now, [(id_, group, prev) for id_, _, group, _, prev in rows])
         if rows:
             self.count_metric("queue.acked", len(rows), label=self.address)
         done = set(current)
@@ -553,8 +571,10 @@ class Queue(ak.Actor):
         ).fetchall()
         if not buried:
             return 0
-        self.sql.exec(f"DELETE FROM actorkeep_queue WHERE {where}", params)
-        promote(self.sql, now, {g for *_, g in buried if g is not None})
+        gone = self.sql.exec(
+            f"DELETE FROM actorkeep_queue WHERE {where} RETURNING id, grp, prev", params
+        ).fetchall()
+        unlink(self.sql, now, gone)
         self.count_metric("queue.dead_letters", len(buried), label=self.address)
         for id_, attempts, reason, _ in buried:
             log.warning(

@@ -1,9 +1,10 @@
 """The tables of a queue actor, and the upgrade of a queue file made by an earlier version.
 
 ``actorkeep_queue`` holds the live messages. One time column, ``visible_at``, orders and
-schedules everything (queue.py). ``blocked`` is 1 for a message of a group that is not its
-group's head (the group's lowest id): only unblocked messages are ever leased, so at most one
-message of a group is leased at a time, in send order.
+schedules everything (queue.py). A grouped message names the live message before it in its
+group (``prev``), and ``actorkeep_queue_groups`` each group's last (groups.py); ``blocked`` is
+1 for a message with a ``prev``: only its group's head is ever leased, so at most one message
+of a group is leased at a time, in send order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ SCHEMA = (
         expires_at REAL,
         max_attempts INTEGER,
         remember REAL,
-        worker TEXT)""",
+        worker TEXT,
+        prev INTEGER)""",
+    # each group that has live messages, and its last one
+    """CREATE TABLE IF NOT EXISTS actorkeep_queue_groups (
+        grp TEXT PRIMARY KEY,
+        tail INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS actorkeep_queue_dead (
         id INTEGER PRIMARY KEY,
         body BLOB NOT NULL,
@@ -84,8 +90,9 @@ INDEXES = (
     "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts",
     "CREATE UNIQUE INDEX IF NOT EXISTS actorkeep_queue_key ON actorkeep_queue (key) "
     "WHERE key IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS actorkeep_queue_group ON actorkeep_queue (grp, id) "
-    "WHERE grp IS NOT NULL",
+    # the message after another in its group, found when that one leaves
+    "CREATE INDEX IF NOT EXISTS actorkeep_queue_next ON actorkeep_queue (prev) "
+    "WHERE prev IS NOT NULL",
     # the leases in flight (Config.max_in_flight)
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_in_flight ON actorkeep_queue (visible_at) "
     "WHERE leased = 1",
@@ -103,6 +110,7 @@ _ADDED = {
         ("max_attempts", "INTEGER"),
         ("remember", "REAL"),
         ("worker", "TEXT"),
+        ("prev", "INTEGER"),
     ),
     "actorkeep_queue_dead": (("key", "TEXT"), ("grp", "TEXT"), ("worker", "TEXT")),
     "actorkeep_queue_config": (
@@ -119,6 +127,7 @@ _DROPPED = (
     "actorkeep_queue_due",
     "actorkeep_queue_attempts",
     "actorkeep_queue_heads_due",
+    "actorkeep_queue_group",
 )
 
 
@@ -128,15 +137,41 @@ def create(sql: Sql) -> None:
     with sql.transaction():
         for statement in SCHEMA:
             sql.exec(statement)
+        added: set[str] = set()
         for table, columns in _ADDED.items():
             have = {row[1] for row in sql.exec(f"PRAGMA table_info({table})").fetchall()}
             for name, declaration in columns:
                 if name not in have:
                     sql.exec(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+                    added.add(f"{table}.{name}")
+        if "actorkeep_queue.prev" in added:
+            _chain_groups(sql)
         for index in _DROPPED:
             sql.exec(f"DROP INDEX IF EXISTS {index}")
         for statement in INDEXES:
             sql.exec(statement)
+
+
+def _chain_groups(sql: Sql) -> None:
+    """Link the grouped messages of a file whose groups were an index of (group, id) (the
+    version before chains): each names the one before it, each group its last."""
+    # the earlier version's index, dropped after it served here
+    sql.exec(
+        "CREATE INDEX IF NOT EXISTS actorkeep_queue_group ON actorkeep_queue (grp, id) "
+        "WHERE grp IS NOT NULL"
+    )
+    before = (
+        "(SELECT MAX(q.id) FROM actorkeep_queue AS q "
+        "WHERE q.grp = actorkeep_queue.grp AND q.id < actorkeep_queue.id)"
+    )
+    sql.exec(
+        f"UPDATE actorkeep_queue SET prev = {before}, blocked = {before} IS NOT NULL "
+        "WHERE grp IS NOT NULL"
+    )
+    sql.exec(
+        "INSERT OR REPLACE INTO actorkeep_queue_groups (grp, tail) "
+        "SELECT grp, MAX(id) FROM actorkeep_queue WHERE grp IS NOT NULL GROUP BY grp"
+    )
 
 
 __all__ = ["INDEXES", "SCHEMA", "create"]

@@ -1,7 +1,8 @@
 """Sends: one multi-row INSERT. A keyed batch is tried first as new messages (the unique index
 of live keys refuses a duplicate, and the failed INSERT changes nothing); otherwise the batch's
-keys and groups are looked up in the same transaction, so that a batch is all or nothing and a
-key is checked against the messages of the same batch too (docs/queues.md)."""
+keys are looked up in the same transaction, so that a batch is all or nothing and a key is
+checked against the messages of the same batch too (docs/queues.md). Grouped messages join
+the ends of their groups (groups.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 from actorkeep import Sql
 from actorkeep.wire.queue import OnDuplicate
+
+from .groups import link, next_id, set_tails
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +44,13 @@ class SendOptions:
 PLAIN = SendOptions()
 
 _COLUMNS = (
-    "body, enqueued_at, visible_at, priority, key, grp, blocked, expires_at, max_attempts, remember"
+    "body, enqueued_at, visible_at, priority, key, grp, blocked, prev, expires_at, max_attempts, "
+    "remember"
 )
-_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+#: A message to insert: its body, key and group.
+Row = tuple[bytes, str | None, str | None]
 
 
 @dataclass(slots=True)
@@ -69,36 +76,27 @@ def insert(
     expires_at = None if opts.expires is None else now + opts.expires
     extra = (expires_at, opts.max_attempts, opts.remember)
     if opts.keys is None and opts.groups is None:
-        return Sent(
-            _insert_rows(
-                sql, [(b, None, None, 0) for b in bodies], now, visible_at, priority, extra, True
-            ),
-            len(bodies),
-        )
+        rows: list[Row] = [(b, None, None) for b in bodies]
+        ids = _insert_rows(sql, rows, now, visible_at, priority, extra, durable=True)
+        return Sent(ids, len(bodies))
     keys = opts.keys or [None] * len(bodies)
     groups = opts.groups or [None] * len(bodies)
+    grouped = opts.groups is not None
     with contextlib.nullcontext() if sql.in_transaction else sql.transaction(durable=True):
         if opts.keys is not None and not _remembering(sql):
             # Most keyed sends find no message with their key: try them as new messages, and
             # let the unique index say otherwise (the failed INSERT changes nothing).
-            seen = _live_groups(sql, {g for g in groups if g is not None})
-            fresh = []
-            for body, key, group in zip(bodies, keys, groups, strict=True):
-                fresh.append((body, key, group, int(group is not None and group in seen)))
-                if group is not None:
-                    seen.add(group)
+            rows = list(zip(bodies, keys, groups, strict=True))
             try:
-                ids = _insert_rows(sql, fresh, now, visible_at, priority, extra, False)
+                ids = _insert_rows(sql, rows, now, visible_at, priority, extra, grouped=grouped)
             except sqlite3.IntegrityError:
                 pass  # a key is live, or twice in the batch: the general path
             else:
-                return Sent(ids, len(fresh))
-        # Two lookups for the whole batch, then one INSERT. (The groups again: an expired
-        # message the key lookup dead-letters may have been its group's last.)
+                return Sent(ids, len(rows))
+        # One lookup of the batch's keys, then one INSERT.
         found = _existing(sql, now, {k for k in keys if k is not None}, expire)
-        live_groups = _live_groups(sql, {g for g in groups if g is not None})
         answers: list[int] = []  # per body: the id it answers, or -1 - i for new row i
-        rows: list[tuple[bytes, str | None, str | None, int]] = []
+        rows = []
         pending: dict[str, int] = {}  # key -> its new row in this batch
         for body, key, group in zip(bodies, keys, groups, strict=True):
             if key is not None:
@@ -120,30 +118,38 @@ def insert(
                     answers.append(id_)
                     continue
                 pending[key] = len(rows)
-            blocked = 0
-            if group is not None:
-                blocked = int(group in live_groups)
-                live_groups.add(group)
             answers.append(-1 - len(rows))
-            rows.append((body, key, group, blocked))
-        ids = _insert_rows(sql, rows, now, visible_at, priority, extra, False) if rows else []
+            rows.append((body, key, group))
+        ids = (
+            _insert_rows(sql, rows, now, visible_at, priority, extra, grouped=grouped)
+            if rows
+            else []
+        )
     # a new row's answer is ``-1 - its index``
     return Sent([a if a >= 0 else ids[-1 - a] for a in answers], len(rows))
 
 
 def _insert_rows(
     sql: Sql,
-    rows: list[tuple[bytes, str | None, str | None, int]],
+    rows: list[Row],
     now: float,
     visible_at: float,
     priority: int,
     extra: tuple[float | None, int | None, float | None],
-    durable: bool,
+    durable: bool = False,
+    grouped: bool = False,
 ) -> list[int]:
-    """One multi-row INSERT of ``(body, key, group, blocked)`` rows; their ids in row order."""
+    """One multi-row INSERT of ``rows``, each grouped one at the end of its group (inside a
+    transaction if ``grouped``); their ids in row order."""
     params: list[Any] = []
-    for body, key, group, blocked in rows:
-        params += (body, now, visible_at, priority, key, group, blocked, *extra)
+    if grouped:
+        first = next_id(sql)
+        prevs, new_tails = link(sql, [group for _, _, group in rows], first)
+        for (body, key, group), prev in zip(rows, prevs, strict=True):
+            params += (body, now, visible_at, priority, key, group, prev is not None, prev, *extra)
+    else:
+        for body, key, group in rows:
+            params += (body, now, visible_at, priority, key, group, 0, None, *extra)
     statement = (
         f"INSERT INTO actorkeep_queue ({_COLUMNS}) VALUES "
         + ",".join([_ROW] * len(rows))
@@ -154,7 +160,12 @@ def _insert_rows(
     else:
         written = sql.exec(statement, params).fetchall()
     # One statement by one writer: the ids are consecutive, in the order of the rows.
-    return sorted(r[0] for r in written)
+    ids = sorted(r[0] for r in written)
+    if grouped:
+        if ids[0] != first or ids[-1] != first + len(ids) - 1:
+            raise RuntimeError(f"queue ids {ids[0]}..{ids[-1]} were not from {first} on")
+        set_tails(sql, new_tails)
+    return ids
 
 
 def _existing(
@@ -192,47 +203,4 @@ def _remembering(sql: Sql) -> bool:
     return sql.exec("SELECT 1 FROM actorkeep_queue_keys LIMIT 1").fetchone() is not None
 
 
-def _live_groups(sql: Sql, groups: set[str]) -> set[str]:
-    """Those of ``groups`` that have a live message (one index seek each, however many
-    messages a group holds)."""
-    live: set[str] = set()
-    names = sorted(groups)
-    for at in range(0, len(names), _CHUNK):
-        chunk = names[at : at + _CHUNK]
-        rows = sql.exec(
-            f"WITH g(name) AS (VALUES {_rows(len(chunk))}) SELECT name FROM g "
-            "WHERE EXISTS (SELECT 1 FROM actorkeep_queue WHERE grp = g.name)",
-            tuple(chunk),
-        ).fetchall()
-        live.update(r[0] for r in rows)
-    return live
-
-
-def promote(sql: Sql, now: float, groups: set[str]) -> None:
-    """After messages of ``groups`` left the queue: each group's lowest id becomes its head,
-    leasable from now (or from its own delay), behind the heads that were ready before it.
-    One index seek per group: a ``MIN(id) ... WHERE grp IN (...) GROUP BY grp`` read every
-    message of each group, and a group of 100,000 made each ack cost 10 ms."""
-    names = sorted(groups)
-    for at in range(0, len(names), _CHUNK):
-        chunk = names[at : at + _CHUNK]
-        sql.exec(
-            "UPDATE actorkeep_queue SET blocked = 0, visible_at = MAX(visible_at, ?) "
-            # ``+blocked``: find the heads by id, not by scanning every blocked message
-            f"WHERE +blocked = 1 AND id IN (WITH g(name) AS (VALUES {_rows(len(chunk))}) "
-            "SELECT (SELECT MIN(id) FROM actorkeep_queue WHERE grp = g.name) FROM g)",
-            (now, *chunk),
-        )
-
-
-def _rows(n: int) -> str:
-    """``(?),(?),...``: ``n`` rows of one parameter, for a ``VALUES`` list."""
-    return ",".join(["(?)"] * n)
-
-
-#: Groups per statement of ``promote`` and ``_live_groups`` (SQLite binds at most 32,766
-#: parameters).
-_CHUNK = 500
-
-
-__all__ = ["PLAIN", "SendOptions", "Sent", "insert", "promote"]
+__all__ = ["PLAIN", "Row", "SendOptions", "Sent", "insert"]

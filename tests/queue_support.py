@@ -175,6 +175,20 @@ def queue_file(data_dir: Path, address: str = "queue/q") -> Path:
     return actor_path(data_dir / "actors", class_name, name)
 
 
+def check_chains(conn: sqlite3.Connection) -> None:
+    """Each grouped message names the live one before it in its group (none for the head,
+    the only one unblocked), and each live group its last message (queues/groups.py)."""
+    rows = conn.execute(
+        "SELECT id, grp, prev, blocked FROM actorkeep_queue WHERE grp IS NOT NULL ORDER BY id"
+    ).fetchall()
+    tails = dict(conn.execute("SELECT grp, tail FROM actorkeep_queue_groups").fetchall())
+    last: dict[str, int] = {}
+    for id_, group, prev, blocked in rows:
+        assert (prev, blocked) == (last.get(group), int(group in last)), (id_, rows)
+        last[group] = id_
+    assert tails == last, (tails, last)
+
+
 def table_rows(data_dir: Path, table: str, address: str = "queue/q") -> list[tuple[Any, ...]]:
     """Every row of ``table`` in the queue's file, read from the side."""
     path = queue_file(data_dir, address)

@@ -3,6 +3,7 @@ attempts, fail, workers, recurring sends (docs/queues.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sqlite3
 from collections.abc import Callable
@@ -21,7 +22,16 @@ from actorkeep.runtime.clock import Clock
 from actorkeep.schedules import Timetable
 from actorkeep.testing import open_host
 from actorkeep.wire.queue import SEND, outcome_from_wire
-from tests.queue_support import Remote, app, deliveries, now, queue_file, raw, table_rows
+from tests.queue_support import (
+    Remote,
+    app,
+    check_chains,
+    deliveries,
+    now,
+    queue_file,
+    raw,
+    table_rows,
+)
 
 #: A fixed epoch at trio time zero, on a whole day: the cron times fall where the test says.
 EPOCH = 1799020800.0
@@ -420,6 +430,44 @@ async def test_a_queue_file_of_the_first_version_is_upgraded(
         assert await q.send(b"new", key="k", group="g") > lease.id
 
 
+async def test_a_queue_file_whose_groups_were_an_index_is_chained(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A file of the version before chains (groups found by an index of (group, id)): at its
+    next start each grouped message names the one before it, and the queue goes on in order."""
+    path = queue_file(data_dir, "queue/grouped")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """CREATE TABLE actorkeep_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, visible_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT, priority INTEGER NOT NULL DEFAULT 0, leased INTEGER NOT NULL DEFAULT 0,
+        key TEXT, grp TEXT, blocked INTEGER NOT NULL DEFAULT 0, expires_at REAL,
+        max_attempts INTEGER, remember REAL, worker TEXT);
+        CREATE INDEX actorkeep_queue_group ON actorkeep_queue (grp, id) WHERE grp IS NOT NULL;
+        CREATE TABLE actorkeep_queue_dead (id INTEGER PRIMARY KEY, body BLOB NOT NULL,
+        enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL, failed_at REAL NOT NULL,
+        reason TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0, key TEXT, grp TEXT,
+        worker TEXT);
+        INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) VALUES
+        ('g1', 0, 0, 'g', 0), ('h1', 0, 0, 'h', 0), ('g2', 0, 0, 'g', 1), ('x', 0, 0, NULL, 0),
+        ('g3', 0, 0, 'g', 1), ('h2', 0, 0, 'h', 1);
+        UPDATE actorkeep_queue SET body = CAST(body AS BLOB);"""
+    )
+    conn.commit()
+    conn.close()
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "queue/grouped")
+        assert [x.body for x in await q.lease(max=10, visibility=30)] == [b"g1", b"h1", b"x"]
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            check_chains(conn)
+            assert conn.execute("PRAGMA index_info(actorkeep_queue_group)").fetchall() == []
+        assert await q.send(b"g4", group="g") == 7
+        assert await q.ack(1, 1) and await q.ack(2, 1)
+        assert [x.body for x in await q.lease(max=10, visibility=30)] == [b"g2", b"h2"]
+        assert (await q.stats()).groups == 2
+
+
 # -- limits -------------------------------------------------------------------------------------
 
 
@@ -537,25 +585,48 @@ class MemoryQueue:
         return " ".join(r[3] for r in self.conn.execute("EXPLAIN QUERY PLAN " + sql, params))
 
 
+def chained(q: MemoryQueue, groups: list[str | None]) -> None:
+    """Messages 1, 2, ... in ``groups``, each after the one before it in its group, as sends
+    leave them."""
+    last: dict[str, int] = {}
+    rows = []
+    for id_, group in enumerate(groups, start=1):
+        prev = None if group is None else last.get(group)
+        rows.append((id_, group, int(prev is not None), prev))
+        if group is not None:
+            last[group] = id_
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, grp, blocked, prev) "
+        "VALUES (?, x'00', 0, 0, ?, ?, ?)",
+        rows,
+    )
+    q.conn.executemany("INSERT INTO actorkeep_queue_groups VALUES (?, ?)", list(last.items()))
+
+
 def test_the_queue_s_hot_statements_use_their_indexes() -> None:
-    """A lease walks the lease index (no sort of every visible message), and a group's next
-    head is found by id (no scan of every waiting message): the plans, on a queue of 10,000
-    messages in 1,000 groups."""
+    """A lease walks the lease index (no sort of every visible message), and the message after
+    one that left its group is found by the index of ``prev`` (no scan of every waiting
+    message): the plans, on a queue of 10,000 messages in 1,000 groups."""
+    from queues.groups import unlink
     from queues.queue import LEASE_SQL
-    from queues.sending import promote
 
     q = MemoryQueue()
-    q.conn.executemany(
-        "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) "
-        "VALUES (x'00', 0, ?, ?, ?)",
-        [(i * 1e-3, f"g{i % 1000}", int(i >= 1000)) for i in range(10_000)],
-    )
+    chained(q, [f"g{i % 1000}" for i in range(10_000)])
     plan = q.plan(LEASE_SQL, (5.0, 100))
     assert "actorkeep_queue_heads" in plan and "TEMP B-TREE" not in plan, plan
-    promote(q, 1.0, {"g1", "g2"})  # type: ignore[arg-type]
-    ((statement, params),) = q.statements
-    plan = q.plan(statement, params)
-    assert "INTEGER PRIMARY KEY" in plan and "actorkeep_queue_heads" not in plan, plan
+    # heads (what acks remove), then a message inside its group (what expiry may remove)
+    for ids in ("1, 2", "2003"):
+        gone = q.conn.execute(
+            f"DELETE FROM actorkeep_queue WHERE id IN ({ids}) RETURNING id, grp, prev"
+        )
+        unlink(q, 1.0, gone.fetchall())  # type: ignore[arg-type]
+    updates = [(s, p) for s, p in q.statements if s.startswith("UPDATE actorkeep_queue ")]
+    assert len(updates) == 2 and "FROM (VALUES" in updates[1][0], updates
+    for statement, params in updates:
+        plan = q.plan(statement, params)
+        assert "INDEX actorkeep_queue_next (prev=?)" in plan, plan
+        assert "SCAN actorkeep_queue" not in plan, plan
+    check_chains(q.conn)
 
 
 def vm_steps(q: MemoryQueue, run: Callable[[], object]) -> int:
@@ -576,34 +647,65 @@ def vm_steps(q: MemoryQueue, run: Callable[[], object]) -> int:
 
 
 def test_a_hot_group_costs_its_sends_and_acks_no_more_than_a_small_one() -> None:
-    """A group's next head and a send's "is this group live?" are one index seek each,
-    whatever the group holds: 50,000 waiting messages in one group cost what 2 do."""
-    from queues.sending import _live_groups, promote
+    """A group's next head and a send's place in its group are one index seek each, whatever
+    the group holds: 50,000 waiting messages in one group cost what 2 do."""
+    from queues.groups import link, unlink
 
     q = MemoryQueue()
-    q.conn.executemany(
-        "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, grp, blocked) "
-        "VALUES (x'00', 0, 0, ?, 1)",
-        [("hot",)] * 50_000 + [("small",)] * 2,
-    )
-
-    def ack_head(group: str) -> None:
-        q.conn.execute(
-            "DELETE FROM actorkeep_queue WHERE id = "
-            "(SELECT MIN(id) FROM actorkeep_queue WHERE grp = ?)",
-            (group,),
-        )
-
+    chained(q, ["hot"] * 50_000 + ["small"] * 2)
     sql = cast(Any, q)  # the helpers take it for the actor's Sql
     costs = {}
-    for group in ("hot", "small"):
-        ack_head(group)
-        promoted = vm_steps(q, functools.partial(promote, sql, 1.0, {group}))
-        live = vm_steps(q, functools.partial(_live_groups, sql, {group}))
-        costs[group] = promoted + live
+    for group, head in (("hot", 1), ("small", 50_001)):
+        gone = q.conn.execute(
+            "DELETE FROM actorkeep_queue WHERE id = ? RETURNING id, grp, prev", (head,)
+        ).fetchall()
+        promoted = vm_steps(q, functools.partial(unlink, sql, 1.0, gone))
+        placed = vm_steps(q, functools.partial(link, sql, [group], 60_000))
+        costs[group] = promoted + placed
     assert costs["hot"] <= costs["small"] + 200, costs  # a full scan: about 500,000
     heads = q.conn.execute("SELECT grp, id FROM actorkeep_queue WHERE blocked = 0").fetchall()
     assert heads == [("hot", 2), ("small", 50_002)]
+    assert link(sql, ["hot", "small", "hot"], 60_000) == (
+        [50_000, 50_002, 60_000],
+        {"hot": 60_002, "small": 60_001},
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(["a", "b", "c", None]), min_size=1, max_size=40).flatmap(
+        lambda groups: st.tuples(
+            st.just(groups),
+            st.sets(st.integers(1, len(groups))),
+            st.randoms(use_true_random=False),
+        )
+    )
+)
+def test_messages_leaving_together_keep_each_group_a_chain(
+    case: tuple[list[str | None], set[int], Any],
+) -> None:
+    """Any set of messages leaving in one statement (an expiry sweep takes runs of a group,
+    its head and its tail at once): each group stays a chain of its live messages, and a
+    message that became its group's head is leasable from then, not before."""
+    from queues.groups import unlink
+
+    groups, leaving, rng = case
+    q = MemoryQueue()
+    chained(q, groups)
+    blocked_before = dict(q.conn.execute("SELECT id, blocked FROM actorkeep_queue").fetchall())
+    gone = q.conn.execute(
+        f"DELETE FROM actorkeep_queue WHERE id IN ({','.join('?' * len(leaving))}) "
+        "RETURNING id, grp, prev",
+        sorted(leaving),
+    ).fetchall()
+    rng.shuffle(gone)
+    unlink(q, 5.0, gone)  # type: ignore[arg-type]
+    check_chains(q.conn)
+    for id_, blocked, visible_at in q.conn.execute(
+        "SELECT id, blocked, visible_at FROM actorkeep_queue"
+    ):
+        promoted = blocked_before[id_] and not blocked
+        assert visible_at == (5.0 if promoted else 0.0), id_
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,6 +4,7 @@ queue's stored rows compared with the model after each step."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from actorkeep.queue import Config
 from actorkeep.testing import open_host
-from tests.queue_support import Remote, app, now, queue_file
+from tests.queue_support import Remote, app, check_chains, now, queue_file
 
 VISIBILITY = 1000.0  # leases never run out here: the model has no lease ends
 REMEMBER = 5.0
@@ -195,6 +196,8 @@ def test_keys_and_groups_match_the_model(ops: list[tuple[str, Any]]) -> None:
                         m.key, m.group, m.body, m.blocked, m.attempts, m.leased
                     ), (step, i)  # fmt: skip
                     assert abs(visible_at - m.visible_at) < 1e-6, (step, i)
+                with contextlib.closing(sqlite3.connect(queue_file(tmp))) as conn:
+                    check_chains(conn)
             stats = await q.stats()
             assert stats.groups == len({m.group for m in model.live.values()} - {None})
 
