@@ -652,7 +652,7 @@ def test_a_hot_group_costs_its_sends_and_acks_no_more_than_a_small_one() -> None
     from queues.groups import link, unlink
 
     q = MemoryQueue()
-    chained(q, ["hot"] * 50_000 + ["small"] * 2)
+    chained(q, [*["hot"] * 50_000, "small", "small"])
     sql = cast(Any, q)  # the helpers take it for the actor's Sql
     costs = {}
     for group, head in (("hot", 1), ("small", 50_001)):
