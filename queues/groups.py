@@ -82,19 +82,19 @@ def unlink(sql: Sql, now: float, removed: Iterable[tuple[int, str | None, int | 
     message after each run of them in a group now follows the live message before the run,
     or becomes its group's head, leasable from now (or from its own delay) behind the heads
     ready before it; a group whose tail left names the live message before it, or is gone."""
+    grouped = [(i, g, p) for i, g, p in removed if g is not None]
+    if not grouped:
+        return
+    if all(prev is None for _, _, prev in grouped):
+        _unlink_heads(sql, now, grouped)
+        return
     prev_of: dict[int, int | None] = {}
     group_of: dict[int, str] = {}
     highest: dict[str, int] = {}
-    for id_, group, prev in removed:
-        if group is not None:
-            prev_of[id_] = prev
-            group_of[id_] = group
-            highest[group] = max(id_, highest.get(group, id_))
-    if not prev_of:
-        return
-    if all(prev is None for prev in prev_of.values()):
-        _unlink_heads(sql, now, group_of)
-        return
+    for id_, group, prev in grouped:
+        prev_of[id_] = prev
+        group_of[id_] = group
+        highest[group] = max(id_, highest.get(group, id_))
 
     def live_before(id_: int) -> int | None:
         prev = prev_of[id_]
@@ -135,21 +135,21 @@ def unlink(sql: Sql, now: float, removed: Iterable[tuple[int, str | None, int | 
     _forget(sql, gone)
 
 
-def _unlink_heads(sql: Sql, now: float, group_of: dict[int, str]) -> None:
+def _unlink_heads(sql: Sql, now: float, heads: list[tuple[int, str, int | None]]) -> None:
     """``unlink`` of heads only (what acks remove), one of a group at most: the message after
     each is its group's new head; a group with none after its head is gone."""
-    ids = list(group_of)
     followed: set[str] = set()
-    for at in range(0, len(ids), CHUNK):
-        chunk = ids[at : at + CHUNK]
+    for at in range(0, len(heads), CHUNK):
+        chunk = heads[at : at + CHUNK]
         moved = sql.exec(
             "UPDATE actorkeep_queue SET prev = NULL, blocked = 0, "
             f"visible_at = MAX(visible_at, ?) WHERE prev IN ({','.join('?' * len(chunk))}) "
             "RETURNING grp",
-            [now, *chunk],
+            [now, *[id_ for id_, _, _ in chunk]],
         ).fetchall()
         followed.update(g for (g,) in moved)
-    _forget(sql, [g for g in group_of.values() if g not in followed])
+    if len(followed) < len(heads):
+        _forget(sql, [g for _, g, _ in heads if g not in followed])
 
 
 def _forget(sql: Sql, gone: list[str]) -> None:
