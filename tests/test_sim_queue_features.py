@@ -23,6 +23,7 @@ def test_a_sweep_is_clean_and_ends() -> None:
         ("key-ignored", "key-unique"),
         ("group-ignored", "group-exclusive"),
         ("retry-unblocks-group", "group-fifo"),
+        ("expiry-unblocks-group", "group-fifo"),
         ("rate-ignored", "rate"),
     ],
 )

@@ -322,6 +322,29 @@ class RetryUnblocksQueue(Queue):
         return results, earliest
 
 
+class ExpiryUnblocksQueue(Queue):
+    """A message that expires lets the one after it in its group go, even when it was not
+    its group's head (queues/groups.py relinks it to the head instead): two of a group leased
+    at once."""
+
+    def sweep(self, now: float) -> None:
+        after = [
+            i
+            for (i,) in self.sql.exec(
+                "SELECT id FROM actorkeep_queue WHERE prev IN (SELECT id FROM actorkeep_queue "
+                "WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+                (now,),
+            ).fetchall()
+        ]
+        super().sweep(now)
+        if after:
+            self.sql.exec(
+                "UPDATE actorkeep_queue SET blocked = 0, prev = NULL "
+                f"WHERE id IN ({','.join('?' * len(after))})",
+                after,
+            )
+
+
 class UnlimitedQueue(Queue):
     """Ignores its rate when it leases."""
 
@@ -345,6 +368,7 @@ FEATURE_BUGS: dict[str, type[Queue]] = {
     "key-ignored": KeylessQueue,
     "group-ignored": UngroupedQueue,
     "retry-unblocks-group": RetryUnblocksQueue,
+    "expiry-unblocks-group": ExpiryUnblocksQueue,
     "rate-ignored": UnlimitedQueue,
 }
 
