@@ -190,6 +190,31 @@ async def test_a_dead_or_expired_head_lets_its_group_go_on(
         assert [x.id for x in await q.lease(max=5, visibility=30)] == [fourth]
 
 
+async def test_a_grouped_send_whose_ids_were_not_foreseen_queues_nothing(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grouped send links its messages by the ids SQLite is about to give them, and checks
+    them after the insert: ids it did not foresee fail the send whole (500), and the group
+    stays as it was."""
+    import queues.sending
+
+    async with open_host(app, data_dir) as host:
+        q = Remote(host)
+        first = await q.send(b"a", group="g")
+        monkeypatch.setattr(queues.sending, "next_id", lambda sql: first + 5)
+        with pytest.raises(ak.RemoteError) as raised:
+            await q.send_batch([b"b", b"c"], groups=["g", "g"])
+        assert raised.value.status == 500
+        monkeypatch.undo()
+        with contextlib.closing(sqlite3.connect(queue_file(data_dir))) as conn:
+            assert conn.execute("SELECT id FROM actorkeep_queue").fetchall() == [(first,)]
+            check_chains(conn)
+        second = await q.send(b"b", group="g")
+        assert [x.id for x in await q.lease(max=5, visibility=30)] == [first]
+        assert await q.ack(first, 1)
+        assert [x.id for x in await q.lease(max=5, visibility=30)] == [second]
+
+
 async def test_groups_share_leases_fairly(
     data_dir: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
