@@ -160,13 +160,10 @@ def _chain_groups(sql: Sql) -> None:
         "CREATE INDEX IF NOT EXISTS actorkeep_queue_group ON actorkeep_queue (grp, id) "
         "WHERE grp IS NOT NULL"
     )
-    before = (
-        "(SELECT MAX(q.id) FROM actorkeep_queue AS q "
-        "WHERE q.grp = actorkeep_queue.grp AND q.id < actorkeep_queue.id)"
-    )
     sql.exec(
-        f"UPDATE actorkeep_queue SET prev = {before}, blocked = {before} IS NOT NULL "
-        "WHERE grp IS NOT NULL"
+        "UPDATE actorkeep_queue SET prev = w.before, blocked = 1 FROM (SELECT id, "
+        "LAG(id) OVER (PARTITION BY grp ORDER BY id) AS before FROM actorkeep_queue "
+        "WHERE grp IS NOT NULL) AS w WHERE actorkeep_queue.id = w.id AND w.before IS NOT NULL"
     )
     sql.exec(
         "INSERT OR REPLACE INTO actorkeep_queue_groups (grp, tail) "
