@@ -324,8 +324,8 @@ class RetryUnblocksQueue(Queue):
 
 class ExpiryUnblocksQueue(Queue):
     """A message that expires lets the one after it in its group go, even when it was not
-    its group's head (queues/groups.py relinks it to the head instead): two of a group leased
-    at once."""
+    its group's head (queues/groups.py links that one to the message before the expired one
+    instead): two of a group leasable at once, out of order."""
 
     def sweep(self, now: float) -> None:
         after = [
