@@ -32,6 +32,13 @@ def next_id(sql: Sql) -> int:
     return int(first)
 
 
+def check_ids(written: Iterable[int], first: int, count: int) -> None:
+    """Raise unless ``written`` are ``first``, ``first + 1``, ... ``count`` ids, those an
+    insert was linked with (the send then fails whole, its transaction rolled back)."""
+    if sorted(written) != list(range(first, first + count)):
+        raise RuntimeError(f"queue ids were not the {count} from {first} on")
+
+
 def tails(sql: Sql, names: Iterable[str]) -> dict[str, int]:
     """The last live message of each of ``names`` that has one."""
     found: dict[str, int] = {}
@@ -169,4 +176,4 @@ def _forget(sql: Sql, gone: list[str]) -> None:
         )
 
 
-__all__ = ["CHUNK", "link", "next_id", "set_tails", "tails", "unlink"]
+__all__ = ["CHUNK", "check_ids", "link", "next_id", "set_tails", "tails", "unlink"]

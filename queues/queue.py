@@ -42,7 +42,7 @@ from actorkeep.wire.queue import (
 from actorkeep.wire.queue_checks import MAX_ERROR, MAX_PRIORITY, MIN_PRIORITY
 
 from . import limits, schema
-from .groups import link, next_id, set_tails, unlink
+from .groups import check_ids, link, next_id, set_tails, unlink
 from .recurring import RECURRING_PREFIX, Recurring, check_recurring
 from .sending import PLAIN, SendOptions, insert
 
@@ -352,9 +352,7 @@ class Queue(ak.Actor):
                     + " RETURNING id",
                     values,
                 ).fetchall()
-                new = sorted(i for (i,) in written)
-                if new != list(range(first + at, first + at + len(chunk))):
-                    raise RuntimeError("redriven messages' ids were not consecutive")
+                check_ids((i for (i,) in written), first + at, len(chunk))
             set_tails(self.sql, tails)
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
         self.count_metric("queue.redriven", count, label=self.address)

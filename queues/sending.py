@@ -15,7 +15,7 @@ from typing import Any
 from actorkeep import Sql
 from actorkeep.wire.queue import OnDuplicate
 
-from .groups import link, next_id, set_tails
+from .groups import check_ids, link, next_id, set_tails
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +162,7 @@ def _insert_rows(
     # One statement by one writer: the ids are consecutive, in the order of the rows.
     ids = sorted(r[0] for r in written)
     if grouped:
-        if ids[0] != first or ids[-1] != first + len(ids) - 1:
-            raise RuntimeError(f"queue ids {ids[0]}..{ids[-1]} were not from {first} on")
+        check_ids(ids, first, len(rows))
         set_tails(sql, new_tails)
     return ids
 

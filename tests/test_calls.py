@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 import actorkeep as ak
-from actorkeep import codec
 from actorkeep.testing import open_host
+from tests.codecutil import counted_msgpack
 
 app = ak.App()
 effects: list[str] = []
@@ -173,25 +173,11 @@ class Client(ak.Actor):
     async def msgpack_of_calls(self, n: int) -> dict[str, int]:
         """``n`` calls of an inline and of an awaiting method of an actor of this host; the
         msgpack packs and unpacks they cost."""
-        counts = {"pack": 0, "unpack": 0}
-        real_pack, real_unpack = codec.pack, codec.unpack
-
-        def pack(value: Any) -> bytes:
-            counts["pack"] += 1
-            return real_pack(value)
-
-        def unpack(data: bytes) -> Any:
-            counts["unpack"] += 1
-            return real_unpack(data)
-
         svc = self.actors.ref("svc/m")
-        codec.pack, codec.unpack = pack, unpack
-        try:
+        with counted_msgpack() as counts:
             for i in range(n):
                 assert await svc.whoami() == {"me": "svc/m"}
                 assert (await svc.kept(add=i))["items"][0][-1] == i
-        finally:
-            codec.pack, codec.unpack = real_pack, real_unpack
         return counts
 
     @ak.rpc

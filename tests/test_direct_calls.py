@@ -16,6 +16,7 @@ from actorkeep import codec
 from actorkeep.http import ValueReply
 from actorkeep.testing import open_host
 from actorkeep.wire import kv as wire
+from tests.codecutil import counted_msgpack
 
 app = ak.App()
 app.mount(shards.KVShard, "kv", allow=["user"])
@@ -44,25 +45,11 @@ class User(ak.Actor):
     @ak.rpc
     async def round(self, n: int) -> dict[str, int]:
         """``n`` local puts and gets; how many msgpack packs and unpacks they cost."""
-        counts = {"pack": 0, "unpack": 0}
-        real_pack, real_unpack = codec.pack, codec.unpack
-
-        def pack(value: Any) -> bytes:
-            counts["pack"] += 1
-            return real_pack(value)
-
-        def unpack(data: bytes) -> Any:
-            counts["unpack"] += 1
-            return real_unpack(data)
-
-        codec.pack, codec.unpack = pack, unpack
-        try:
+        with counted_msgpack() as counts:
             for i in range(n):
                 await kv.put(f"k{i}", b"v%d" % i, local=True)
                 entry = await kv.get_fresh(f"k{i}")
                 assert entry is not None and entry.value == b"v%d" % i
-        finally:
-            codec.pack, codec.unpack = real_pack, real_unpack
         return counts
 
     @ak.rpc
