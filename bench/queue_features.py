@@ -14,11 +14,15 @@
    (``g0``, ``g1``, ...) would keep a settle's groups together in any index of names and
    flatter a design that has one. Messages per second; target: grouped at least 0.8x
    ungrouped.
-3. A cron schedule firing every second (``* * * * * *``) for an hour of virtual time on a
+3. Polling a queue that holds 100,000 delayed messages and none visible vs polling an empty
+   queue: 300 ``lease(10)`` calls per side per round, each finding nothing (the delayed messages
+   are sent in the first round, not timed). Time per lease; target (decision 0024): at most
+   1.5x the empty queue's, whatever waits behind the visible messages.
+4. A cron schedule firing every second (``* * * * * *``) for an hour of virtual time on a
    test host under ``trio.testing.MockClock``: it must fire 3,600 times, none early, none
    twice. The wall time it takes is shown.
 
-The sides of 1 and 2 alternate order each round; printed are min / median / max and the ratio
+The sides of 1 to 3 alternate order each round; printed are min / median / max and the ratio
 of each round's pair.
 
     python bench/queue_features.py [--quick] [--rounds N]   (15 rounds by default)
@@ -51,12 +55,14 @@ from queues import Queue
 
 TARGET_KEYED = 1.2
 TARGET_GROUPED = 0.8
+TARGET_POLL = 1.5
 GROUPS, PER_GROUP = 10_000, 10
 LEASE = 100
 BATCH = 1000
 BODY = bytes(range(100))
 HOUR = 3600
-QUICK_GROUPS, QUICK_SPAN = 1_000, 60  # --quick: a smoke run
+DELAYED, POLLS = 100_000, 300
+QUICK_GROUPS, QUICK_DELAYED, QUICK_SPAN = 1_000, 10_000, 60  # --quick: a smoke run
 #: Rounds by default. One round's grouped/ungrouped ratio swings from 0.56x to 0.99x on the
 #: project's 2-core VM (both sides' rates vary by a third from round to round), so the
 #: median needs many rounds to settle: with 5 to 7 it moved between 0.75x and 0.82x.
@@ -107,6 +113,24 @@ class Producer(ak.Actor):
             ids = range(start, start + BATCH)
             names = [group_name(i % groups) for i in ids] if grouped else None
             await q.send_batch([BODY] * BATCH, groups=names)
+
+    @ak.rpc
+    async def delayed(self, queue: str, n: int) -> None:
+        """``n`` messages visible a day from now."""
+        q = ak.queue.Client(queue)
+        for _ in range(0, n, BATCH):
+            await q.send_batch([BODY] * BATCH, delay=86_400.0)
+
+    @ak.rpc
+    async def polls(self, queue: str, n: int) -> float:
+        """``n`` leases that find nothing visible; seconds taken."""
+        q = ak.queue.Client(queue)
+        await q.lease(10, visibility=30.0)  # not timed: the queue's file exists
+        start = time.perf_counter()
+        for _ in range(n):
+            if await q.lease(10, visibility=30.0):
+                raise RuntimeError(f"{queue} had a visible message")
+        return time.perf_counter() - start
 
     @ak.rpc
     async def drain(self, queue: str, n: int) -> float:
@@ -163,6 +187,14 @@ async def measure(tmp: Path, r: int, quick: bool, results: Results) -> None:
             await call(host, "producer/p", "fill", queue=q, groups=groups, grouped=grouped)
             seconds = await call(host, "producer/p", "drain", queue=q, n=drained)
             results[name].append(drained / seconds)
+        delayed, polls = (QUICK_DELAYED, 30) if quick else (DELAYED, POLLS)
+        if r == 0:
+            await call(host, "producer/p", "delayed", queue="queue/delayed", n=delayed)
+        for waiting in sides:
+            name = "poll_delayed" if waiting else "poll_empty"
+            q = "queue/delayed" if waiting else "queue/empty"
+            seconds = await call(host, "producer/p", "polls", queue=q, n=polls)
+            results[name].append(seconds / polls * 1e6)
 
 
 async def cron_span(tmp: str, span: int) -> float:
@@ -187,7 +219,7 @@ def check_cron() -> tuple[int, int, int, bool]:
     return len(fired), early, twice, steps == {1.0}
 
 
-def report(results: Results, groups: int, span: int, cron_seconds: float) -> bool:
+def report(results: Results, groups: int, delayed: int, span: int, cron_seconds: float) -> bool:
     """Print the lines; True if every target was met."""
     ok = True
     for side in ("batch", "single"):
@@ -210,6 +242,15 @@ def report(results: Results, groups: int, span: int, cron_seconds: float) -> boo
         f"msgs/s, ungrouped {spread(results['ungrouped'], 0)} msgs/s, ratio {spread(ratio, 2)}x "
         f"(target >= {TARGET_GROUPED:g}x, {'met' if met else 'MISSED'})"
     )
+    ratio = [d / e for d, e in zip(results["poll_delayed"], results["poll_empty"], strict=True)]
+    met = statistics.median(ratio) <= TARGET_POLL
+    ok &= met
+    print(
+        f"queue lease with {delayed:,} delayed messages and none "
+        f"visible: {spread(results['poll_delayed'], 1)} us, empty queue "
+        f"{spread(results['poll_empty'], 1)} us, ratio {spread(ratio, 2)}x "
+        f"(target <= {TARGET_POLL:g}x, {'met' if met else 'MISSED'})"
+    )
     runs, early, twice, every_second = check_cron()
     met = runs == span and early == 0 and twice == 0 and every_second
     ok &= met
@@ -231,6 +272,8 @@ def run(rounds: int, quick: bool) -> bool:
             "keyed_single",
             "grouped",
             "ungrouped",
+            "poll_delayed",
+            "poll_empty",
         )
     }
     BENCH_TMP.mkdir(exist_ok=True)
@@ -245,7 +288,13 @@ def run(rounds: int, quick: bool) -> bool:
         with contextlib.suppress(OSError):
             BENCH_TMP.rmdir()
     print(f"queue features: {rounds} rounds, the sides alternating; min / median / max")
-    return report(results, QUICK_GROUPS if quick else GROUPS, span, cron_seconds)
+    return report(
+        results,
+        QUICK_GROUPS if quick else GROUPS,
+        QUICK_DELAYED if quick else DELAYED,
+        span,
+        cron_seconds,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

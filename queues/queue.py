@@ -39,10 +39,11 @@ from actorkeep.wire.queue import (
     State,
     lease_to_wire,
 )
-from actorkeep.wire.queue_checks import MAX_ERROR, MAX_PRIORITY, MIN_PRIORITY
+from actorkeep.wire.queue_checks import MAX_ERROR
 
 from . import limits, schema
 from .groups import check_ids, link, next_id, set_tails, unlink
+from .order import earliest_head, leasable
 from .recurring import RECURRING_PREFIX, Recurring, check_recurring
 from .sending import PLAIN, SendOptions, insert
 
@@ -59,46 +60,6 @@ def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
 
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
 EXPIRED_REASON = "expired"
-#: The first leasable message at or below a priority, from the lease order's index.
-_FIRST_HEAD = (
-    "SELECT priority, visible_at FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
-    "WHERE blocked = 0 AND priority <= ? ORDER BY priority DESC, visible_at LIMIT 1"
-)
-#: Past this many priorities, ``earliest_head`` scans the index instead of seeking in it.
-_SEEKS = 64
-
-
-def earliest_head(sql: ak.Sql) -> float | None:
-    """The earliest ``visible_at`` of a leasable message (push delivery's next due time): the
-    first of each priority in the lease index, one seek per priority. (An index of its own
-    would cost every send, lease, ack and group promotion one more entry to write.)"""
-    best: float | None = None
-    priority: int = MAX_PRIORITY
-    for _ in range(_SEEKS):
-        row = sql.exec(_FIRST_HEAD, (priority,)).fetchone()
-        if row is None:
-            return best
-        priority, visible_at = row
-        best = visible_at if best is None else min(best, visible_at)
-        if priority == MIN_PRIORITY:
-            return best
-        priority -= 1
-    (rest,) = sql.exec(
-        "SELECT MIN(visible_at) FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
-        "WHERE blocked = 0 AND priority <= ?",
-        (priority,),
-    ).fetchone()
-    return best if rest is None else rest if best is None else min(best, rest)
-
-
-#: The messages a lease takes, walking the lease order's index. (With an index on (blocked,
-#: visible_at) beside it, SQLite's planner once took that one for the range and sorted every
-#: visible message at each lease; tests/test_queue_features.py checks the plan.)
-LEASE_SQL = (
-    "SELECT id, attempts, body, enqueued_at, key, grp FROM actorkeep_queue "
-    "INDEXED BY actorkeep_queue_heads WHERE blocked = 0 AND visible_at <= ? "
-    "ORDER BY priority DESC, visible_at, id LIMIT ?"
-)
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
 #: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
 #: a busy or recently busy queue pays one fsync, its insert (decision 0008).
@@ -432,7 +393,7 @@ class Queue(ak.Actor):
             self.sweep(now)
             if limits.limited(cfg):
                 n = limits.allowance(self.sql, cfg, now, n)
-            rows = self.sql.exec(LEASE_SQL, (now, n)).fetchall()
+            rows = leasable(self.sql, now, n)
             if rows:
                 limits.spend(self.sql, cfg, now, len(rows))
                 update = (

@@ -78,7 +78,7 @@ SCHEMA = (
 INDEXES = (
     # the lease order, of the messages that may be leased: a message waiting behind its
     # group's head has no entry until it becomes the head (one insert, not a move). Push
-    # delivery's next due time is read from it too (queue.earliest_head).
+    # delivery's next due time is read from it too (order.earliest_head).
     "CREATE INDEX IF NOT EXISTS actorkeep_queue_heads "
     "ON actorkeep_queue (priority DESC, visible_at, id) WHERE blocked = 0",
     # messages out of the queue's attempts (few): the dead-letter sweep and its due time. Only

@@ -633,12 +633,13 @@ def test_the_queue_s_hot_statements_use_their_indexes() -> None:
     one that left its group is found by the index of ``prev`` (no scan of every waiting
     message): the plans, on a queue of 10,000 messages in 1,000 groups."""
     from queues.groups import unlink
-    from queues.queue import LEASE_SQL
+    from queues.order import LEASE_SQL
 
     q = MemoryQueue()
     chained(q, [f"g{i % 1000}" for i in range(10_000)])
-    plan = q.plan(LEASE_SQL, (5.0, 100))
-    assert "actorkeep_queue_heads" in plan and "TEMP B-TREE" not in plan, plan
+    plan = q.plan(LEASE_SQL, (0, 5.0, 100))
+    assert "INDEX actorkeep_queue_heads (priority=? AND visible_at<?)" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
     # heads (what acks remove), then a message inside its group (what expiry may remove)
     for ids in ("1, 2", "2003"):
         gone = q.conn.execute(
@@ -749,7 +750,7 @@ def test_push_s_next_due_time_is_the_earliest_leasable_message(
 ) -> None:
     """``earliest_head`` seeks once per priority in the lease index (and scans it past 64
     priorities): the same answer as a scan of every leasable message."""
-    from queues.queue import earliest_head
+    from queues.order import earliest_head
 
     q = MemoryQueue()
     q.conn.executemany(
@@ -759,3 +760,80 @@ def test_push_s_next_due_time_is_the_earliest_leasable_message(
     )
     expected = min((v for _, v, b in rows if not b), default=None)
     assert earliest_head(q) == expected  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([-(2**31), -7, 0, 1, 5, 2**31 - 1]) | st.integers(-200, 200),
+            st.sampled_from([0.0, 5.0, 10.0, 20.0]) | st.floats(0, 30),
+            st.booleans(),
+        ),
+        max_size=150,
+    ),
+    now=st.sampled_from([0.0, 5.0, 10.0, 25.0]),
+    n=st.integers(0, 40),
+)
+def test_a_lease_takes_the_visible_messages_in_lease_order(
+    rows: list[tuple[int, float, bool]], now: float, n: int
+) -> None:
+    """``leasable`` seeks priority by priority (and reads the index in order past 64 of
+    them): the first ``n`` of every visible message that may be leased, sorted by priority
+    (highest first), then ``visible_at``, then id."""
+    from queues.order import leasable
+
+    q = MemoryQueue()
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, priority, blocked) "
+        "VALUES (?, x'00', 0, ?, ?, ?)",
+        [(i, v, p, int(b)) for i, (p, v, b) in enumerate(rows, start=1)],
+    )
+    visible = [(-p, v, i) for i, (p, v, b) in enumerate(rows, start=1) if not b and v <= now]
+    expected = [i for _, _, i in sorted(visible)[:n]]
+    assert [r[0] for r in leasable(q, now, n)] == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("waiting", ["delayed", "leased"])
+def test_a_lease_costs_what_it_takes_not_what_waits(waiting: str) -> None:
+    """A lease seeks the visible messages of each priority present: 20,000 delayed messages
+    (or leases running) behind the one visible message cost it what 20 do. (Read in its
+    order, the lease index passed all of them before it could tell that no more were
+    visible.)"""
+    from queues.order import leasable
+
+    def queue(behind: int) -> MemoryQueue:
+        q = MemoryQueue()
+        q.conn.executemany(
+            "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, leased, "
+            "attempts) VALUES (x'00', 0, ?, ?, ?, ?)",
+            [(1.0, 0, 0, 0)]
+            + [(100.0 + i, i % 2, int(waiting == "leased"), 1) for i in range(behind)],
+        )
+        return q
+
+    def cost(behind: int) -> int:
+        q = queue(behind)
+        found: list[Any] = []
+        steps = vm_steps(q, lambda: found.extend(leasable(q, 50.0, 100)))  # type: ignore[arg-type]
+        assert [r[0] for r in found] == [1]
+        return steps
+
+    few, many = cost(20), cost(20_000)
+    assert many <= few + 200, (few, many)
+
+
+def test_a_lease_past_its_seeks_reads_the_rest_of_the_index_in_order() -> None:
+    """Past ``SEEKS`` priorities a lease reads the rest in lease order: 200 priorities, a
+    visible and a delayed message each, and a lease of 150 takes the 150 highest's visible
+    ones."""
+    from queues.order import SEEKS, leasable
+
+    q = MemoryQueue()
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, priority) "
+        "VALUES (?, x'00', 0, ?, ?)",
+        [(2 * p + d, 1.0 + 99.0 * d, p) for p in range(200) for d in (0, 1)],
+    )
+    assert SEEKS < 150
+    assert [r[0] for r in leasable(q, 50.0, 150)] == [2 * p for p in range(199, 49, -1)]  # type: ignore[arg-type]
