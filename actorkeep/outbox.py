@@ -42,6 +42,8 @@ log = structlog.get_logger("actorkeep")
 TABLE = "actorkeep_outbox"
 #: The key of the outbox's fallback schedule.
 SCHEDULE_KEY = "actorkeep:outbox"
+#: Rows read per statement by a delivery.
+_PAGE = 100
 #: Seconds the fallback waits before it delivers what the transaction's own delivery left.
 FALLBACK = 5.0
 #: The longest wait between deliveries of rows a queue refused or did not answer.
@@ -137,29 +139,35 @@ class Outbox:
         sql = self._sql
         if not _has_table(sql):
             return True
-        rows = sql.exec(
-            f"SELECT id, queue, body, delay, priority, grp FROM {TABLE} ORDER BY id"
-        ).fetchall()
-        for id_, queue, body, delay, priority, group in rows:
-            try:
-                await Client(queue).send(
-                    body,
-                    delay,
-                    priority,
-                    key=self.key_of(id_),
-                    group=group,
-                    remember=REMEMBER,
-                )
-            except (RemoteError, CallTimeout, ValueError) as exc:
-                log.warning(
-                    "outbox delivery failed; retried later",
-                    address=self._actor.address,
-                    queue=queue,
-                    id=id_,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                return False
-            sql.exec(f"DELETE FROM {TABLE} WHERE id = ?", (id_,))
+        after = 0
+        # A page at a time: a backlog behind a queue that is down is neither read whole (its
+        # bodies held in memory) nor read again past the first row at each try.
+        while rows := sql.exec(
+            f"SELECT id, queue, body, delay, priority, grp FROM {TABLE} WHERE id > ? "
+            "ORDER BY id LIMIT ?",
+            (after, _PAGE),
+        ).fetchall():
+            for id_, queue, body, delay, priority, group in rows:
+                try:
+                    await Client(queue).send(
+                        body,
+                        delay,
+                        priority,
+                        key=self.key_of(id_),
+                        group=group,
+                        remember=REMEMBER,
+                    )
+                except (RemoteError, CallTimeout, ValueError) as exc:
+                    log.warning(
+                        "outbox delivery failed; retried later",
+                        address=self._actor.address,
+                        queue=queue,
+                        id=id_,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                    return False
+                sql.exec(f"DELETE FROM {TABLE} WHERE id = ?", (id_,))
+            after = rows[-1][0]
         if self._actor.get_schedule(SCHEDULE_KEY) is not None:
             await self._actor.cancel_schedule(SCHEDULE_KEY, wait=False)
         return True

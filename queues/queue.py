@@ -20,6 +20,7 @@ retention.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import structlog
@@ -58,6 +59,25 @@ def backoff(attempts: int, base: float, cap: float, rand: float) -> float:
     return d / 2 + rand * (d / 2)
 
 
+def attempt_counts(sql: ak.Sql, least: int) -> Iterator[int]:
+    """Each ``attempts`` from ``least`` up that a message leased before has, one seek each in
+    the index of those messages: usually one, the queue's ``max_attempts``. (A range
+    ``attempts >= ?`` beside the index's own ``attempts > 0`` read every message leased
+    before: SQLite took the constant bound.)"""
+    while True:
+        (found,) = sql.exec(
+            "SELECT MIN(attempts) FROM actorkeep_queue WHERE attempts >= ? AND attempts > 0",
+            (least,),
+        ).fetchone()
+        if found is None:
+            return
+        yield found
+        least = found + 1
+
+
+#: The visible messages with one count of attempts and no ``max_attempts`` of their own: a
+#: range of the index of messages leased before (``attempts > 0`` lets SQLite use it).
+OUT_OF_ATTEMPTS = "attempts = ? AND attempts > 0 AND visible_at <= ? AND max_attempts IS NULL"
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
 EXPIRED_REASON = "expired"
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
@@ -553,13 +573,8 @@ class Queue(ak.Actor):
         self._bury(
             "expires_at IS NOT NULL AND expires_at <= ?", (now,), now, EXPIRED_REASON, force=True
         )
-        self._bury(
-            # ``attempts > 0`` lets SQLite use the partial index of leased-before messages
-            "attempts > 0 AND attempts >= ? AND visible_at <= ? AND max_attempts IS NULL",
-            (cfg.max_attempts, now),
-            now,
-            None,
-        )
+        for attempts in attempt_counts(self.sql, cfg.max_attempts):
+            self._bury(OUT_OF_ATTEMPTS, (attempts, now), now, None)
         self._bury(
             "max_attempts IS NOT NULL AND attempts >= max_attempts AND visible_at <= ?",
             (now,),
@@ -589,11 +604,12 @@ class Queue(ak.Actor):
                 ready = limits.next_allowed(self.sql, cfg, now)  # held back by the limits
             times.append(ready)
         else:
-            times += exec_(
-                "SELECT MIN(visible_at) FROM actorkeep_queue "
-                "WHERE attempts > 0 AND attempts >= ? AND max_attempts IS NULL",
-                (cfg.max_attempts,),
-            ).fetchone()
+            for attempts in attempt_counts(self.sql, cfg.max_attempts):
+                times += exec_(
+                    "SELECT MIN(visible_at) FROM actorkeep_queue "
+                    "WHERE attempts = ? AND attempts > 0 AND max_attempts IS NULL",
+                    (attempts,),
+                ).fetchone()
             times += exec_(
                 "SELECT MIN(visible_at) FROM actorkeep_queue "
                 "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts"

@@ -80,3 +80,49 @@ async def test_a_crash_between_send_and_delete_queues_once(
         assert await rpc(host, "shop/s", "pending") == 0
         assert [body for _, body in await rpc(host, "shop/s", "drain")] == ["a"]
         assert await rpc(host, "shop/s", "orders") == ["a"]
+
+
+class _Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
+async def test_a_backlog_is_read_a_page_at_a_time_and_goes_in_order(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """250 orders commit while their queue refuses: each try reads one page of the backlog
+    (not all of it, bodies and all, again at every try); once the queue answers, every row
+    goes, once, in order."""
+    down = True
+    real_send = Client.send
+
+    async def flaky(self: Client, *args: Any, **kw: Any) -> int:
+        if down:
+            raise ak.Overloaded("the queue is busy")
+        return await real_send(self, *args, **kw)
+
+    read: list[int] = []
+    real_exec = Sql.exec
+
+    def counted(self: Sql, sql: str, params: Any = (), **kw: Any) -> Any:
+        cursor = real_exec(self, sql, params, **kw)
+        if sql.startswith("SELECT id, queue, body"):
+            rows = cursor.fetchall()
+            read.append(len(rows))
+            return _Rows(rows)
+        return cursor
+
+    monkeypatch.setattr(Client, "send", flaky)
+    monkeypatch.setattr(Sql, "exec", counted)
+    async with open_host(app, data_dir) as host:
+        for i in range(250):
+            assert await rpc(host, "shop/s", "order", id=f"{i:03}") == i + 1
+        assert max(read) == 100, read
+        down = False
+        await trio.sleep(600)  # the fallback's next try
+        assert await rpc(host, "shop/s", "pending") == 0
+        drained = [body for _, body in await rpc(host, "shop/s", "drain")]
+        assert drained == [f"{i:03}" for i in range(250)]

@@ -837,3 +837,43 @@ def test_a_lease_past_its_seeks_reads_the_rest_of_the_index_in_order() -> None:
     )
     assert SEEKS < 150
     assert [r[0] for r in leasable(q, 50.0, 150)] == [2 * p for p in range(199, 49, -1)]  # type: ignore[arg-type]
+
+
+def test_the_sweep_reads_the_messages_out_of_attempts_not_every_lease() -> None:
+    """The dead-letter sweep every lease runs seeks each count of attempts from the queue's
+    ``max_attempts`` up, and reads the visible messages of that count: 20,000 leases in
+    flight below the last attempt (or waiting out a backoff) cost it what 20 do, and it finds
+    exactly the messages out of attempts."""
+    from queues.queue import OUT_OF_ATTEMPTS, attempt_counts
+
+    def queue(behind: int) -> MemoryQueue:
+        q = MemoryQueue()
+        q.conn.executemany(
+            "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, attempts, leased) "
+            "VALUES (?, x'00', 0, ?, ?, ?)",
+            [(1, 1.0, 5, 1), (2, 1.0, 7, 0), (3, 60.0, 5, 1), (4, 1.0, 4, 0)]
+            + [(10 + i, 100.0 + i, 1 + i % 4, i % 2) for i in range(behind)],
+        )
+        return q
+
+    def cost(behind: int) -> int:
+        q = queue(behind)
+        found: list[int] = []
+
+        def sweep() -> None:
+            for attempts in attempt_counts(q, 5):  # type: ignore[arg-type]
+                found.extend(
+                    id_
+                    for (id_,) in q.exec(
+                        f"SELECT id FROM actorkeep_queue WHERE {OUT_OF_ATTEMPTS}", (attempts, 50.0)
+                    )
+                )
+
+        steps = vm_steps(q, sweep)
+        assert sorted(found) == [1, 2]
+        return steps
+
+    few, many = cost(20), cost(20_000)
+    assert many <= few + 200, (few, many)
+    plan = MemoryQueue().plan(f"DELETE FROM actorkeep_queue WHERE {OUT_OF_ATTEMPTS}", (5, 1.0))
+    assert "INDEX actorkeep_queue_leased_before (attempts=? AND visible_at<?)" in plan, plan
