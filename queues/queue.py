@@ -86,8 +86,9 @@ EXPIRED_REASON = "expired"
 LINGER = 2.0
 
 _CONFIG_COLUMNS = ", ".join(CONFIG_FIELDS)
-#: Dead letters per INSERT of a redrive (seven parameters each; SQLite binds at most 32,766).
-_REDRIVE_ROWS = 2000
+#: Dead letters a redrive reads and moves at a time: a bounded part of them in memory (their
+#: bodies may be up to 1 MiB each), in one INSERT of seven parameters each.
+_REDRIVE_ROWS = 100
 
 
 def _marks(n: int) -> str:
@@ -297,10 +298,11 @@ class Queue(ak.Actor):
         ids: list[int] | None = a["ids"]
         now = self.now()
         self.sweep_now(now)
-        where = ""
+        chosen = ""  # all of them
         params: tuple[int, ...] = ()
         if ids is not None:
-            where, params = f"WHERE id IN ({','.join('?' * len(ids))})", tuple(ids)
+            chosen, params = f"id IN ({_marks(len(ids))})", tuple(ids)
+        where = f"WHERE {chosen}" if chosen else ""
         if (
             self.cfg.consumer is not None
             and self.sql.exec(
@@ -311,30 +313,29 @@ class Queue(ak.Actor):
         with self.sql.transaction(durable=True):
             # New messages without a key (a live message may hold it now), at the end of
             # their groups.
-            dead = self.sql.exec(
-                "SELECT body, enqueued_at, priority, grp "
-                f"FROM actorkeep_queue_dead {where} ORDER BY id",
-                params,
-            ).fetchall()
-            count = len(dead)
-            first = next_id(self.sql)
-            prevs, tails = link(self.sql, [g for *_, g in dead], first)
-            for at in range(0, count, _REDRIVE_ROWS):
-                chunk = dead[at : at + _REDRIVE_ROWS]
+            count = after = 0
+            and_chosen = f"AND {chosen}" if chosen else ""
+            while page := self.sql.exec(
+                "SELECT id, body, enqueued_at, priority, grp FROM actorkeep_queue_dead "
+                f"WHERE id > ? {and_chosen} ORDER BY id LIMIT ?",
+                (after, *params, _REDRIVE_ROWS),
+            ).fetchall():
+                first = next_id(self.sql)
+                prevs, tails = link(self.sql, [g for *_, g in page], first)
                 values: list[Any] = []
-                for (body, enqueued_at, priority, group), prev in zip(
-                    chunk, prevs[at : at + _REDRIVE_ROWS], strict=True
-                ):
+                for (_, body, enqueued_at, priority, group), prev in zip(page, prevs, strict=True):
                     values += (body, enqueued_at, now, priority, group, prev is not None, prev)
                 written = self.sql.exec(
                     "INSERT INTO actorkeep_queue (body, enqueued_at, visible_at, priority, "
                     "grp, blocked, prev) VALUES "
-                    + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+                    + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(page))
                     + " RETURNING id",
                     values,
                 ).fetchall()
-                check_ids((i for (i,) in written), first + at, len(chunk))
-            set_tails(self.sql, tails)
+                check_ids((i for (i,) in written), first, len(page))
+                set_tails(self.sql, tails)
+                count += len(page)
+                after = page[-1][0]
             self.sql.exec(f"DELETE FROM actorkeep_queue_dead {where}", params)
         self.count_metric("queue.redriven", count, label=self.address)
         return {"count": count}

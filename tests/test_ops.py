@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,28 @@ def test_a_runaway_query_is_stopped_and_counts_give_up(tmp_path: Path) -> None:
         inspect.query(root, "notes/n1", forever, max_steps=100_000)
     many = inspect.query(root, "notes/n1", "SELECT 1 FROM notes, notes, notes", max_rows=3)
     assert many["truncated"] and len(many["rows"]) == 3
+
+
+def test_a_query_keeps_rows_only_while_its_answer_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of large values are read one at a time and kept only while the answer stays within
+    its size: 300 rows of 64 KiB with an answer of at most 1 MiB hold about 1 MiB, not the
+    1,000 rows a page may have (here all 300, 19 MiB)."""
+    root, path = actor_db(tmp_path)
+    conn = sqlite3.connect(path)
+    conn.executemany("INSERT INTO notes (body) VALUES (randomblob(?))", [(64 << 10,)] * 300)
+    conn.commit()
+    conn.close()
+    monkeypatch.setattr(inspect, "MAX_ANSWER_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        answer = inspect.query(root, "notes/n1", "SELECT body FROM notes WHERE x IS NULL")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert answer["truncated"] and len(answer["rows"]) == 16  # 1 MiB of 64 KiB values
+    assert peak < 6 << 20, peak  # the kept rows, their base64 for JSON, one row more
 
 
 def test_show_tells_missing_from_empty(tmp_path: Path) -> None:

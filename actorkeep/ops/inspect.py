@@ -270,10 +270,18 @@ def query(
     if not _encodable(sql):
         raise InspectError("the SQL is not valid Unicode text")
 
-    def run(conn: sqlite3.Connection) -> tuple[list[str], list[Any]]:
+    def run(conn: sqlite3.Connection) -> tuple[list[str], list[Any], bool]:
+        # Row by row: a value may be up to MAX_ANSWER_BYTES, so rows are kept only while the
+        # answer stays within it, not read by the thousand first.
+        rows: list[Any] = []
+        size = 0
         try:
             cursor = conn.execute(sql, params)
-            rows = cursor.fetchmany(max_rows + 1)
+            for row in cursor:
+                size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
+                if len(rows) == max_rows or size > MAX_ANSWER_BYTES:
+                    return [d[0] for d in cursor.description or ()], rows, True
+                rows.append(row)
         except sqlite3.DatabaseError as exc:
             if "interrupted" in str(exc):
                 raise InspectError(
@@ -285,16 +293,11 @@ def query(
             raise InspectError(f"SQLite refused the query: {exc}") from None
         except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:  # e.g. two statements
             raise InspectError(f"SQLite refused the query: {exc}") from None
-        return [d[0] for d in cursor.description or ()], rows
+        return [d[0] for d in cursor.description or ()], rows, False
 
-    columns, rows = read(database_path(actors_root, address), run, max_steps)
-    out, size = [], 0
-    for row in rows[:max_rows]:
-        size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
-        if size > MAX_ANSWER_BYTES:
-            break
-        out.append([jsonable(v) for v in row])
-    return {"columns": columns, "rows": out, "truncated": len(out) < len(rows)}
+    columns, rows, truncated = read(database_path(actors_root, address), run, max_steps)
+    out = [[jsonable(v) for v in row] for row in rows]
+    return {"columns": columns, "rows": out, "truncated": truncated}
 
 
 def _bindable(value: object) -> bool:
