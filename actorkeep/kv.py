@@ -40,6 +40,8 @@ __all__ = [
 
 _CACHE_ATTR: Final = "_actorkeep_kv_cache"
 _CACHE_MAX_ENTRIES: Final = 10_000
+#: Bytes of keys and values a read cache holds at most (per actor instance and KV class).
+_CACHE_MAX_BYTES: Final = 4 << 20
 
 
 class _Expectation:
@@ -313,24 +315,48 @@ class Client:
             raise Conflict(str(err["message"]), err["current_version"])
         return op.result(resp)
 
-    def _cache(self) -> OrderedDict[bytes, tuple[Entry | None, float]]:
-        caches: dict[str, OrderedDict[bytes, tuple[Entry | None, float]]] = (
-            current_actor().__dict__.setdefault(_CACHE_ATTR, {})
-        )
+    def _cache(self) -> _ReadCache:
+        caches: dict[str, _ReadCache] = current_actor().__dict__.setdefault(_CACHE_ATTR, {})
         cache = caches.get(self.class_name)
         if cache is None:
-            cache = caches[self.class_name] = OrderedDict()
+            cache = caches[self.class_name] = _ReadCache()
         return cache
 
     def _remember(self, key: bytes, entry: Entry | None) -> None:
-        if self.read_cache is None:
-            return
-        cache = self._cache()
-        cache[key] = (entry, current_actor().now())
-        cache.move_to_end(key)
-        if len(cache) > _CACHE_MAX_ENTRIES:
-            cache.popitem(last=False)
+        if self.read_cache is not None:
+            self._cache().put(key, entry, current_actor().now())
 
     def _forget(self, key: bytes) -> None:
         if self.read_cache is not None:
-            self._cache().pop(key, None)
+            self._cache().pop(key)
+
+
+class _ReadCache:
+    """What one actor instance read of one KV class, least recently stored first out: at most
+    ``_CACHE_MAX_ENTRIES`` entries and ``_CACHE_MAX_BYTES`` of their keys and values."""
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[bytes, tuple[Entry | None, float]] = OrderedDict()
+        self.size = 0
+
+    def get(self, key: bytes) -> tuple[Entry | None, float] | None:
+        return self.entries.get(key)
+
+    def put(self, key: bytes, entry: Entry | None, at: float) -> None:
+        self.pop(key)
+        self.entries[key] = (entry, at)
+        self.size += _footprint(key, entry)
+        while len(self.entries) > _CACHE_MAX_ENTRIES or self.size > _CACHE_MAX_BYTES:
+            old, (gone, _) = self.entries.popitem(last=False)
+            self.size -= _footprint(old, gone)
+
+    def pop(self, key: bytes) -> None:
+        hit = self.entries.pop(key, None)
+        if hit is not None:
+            self.size -= _footprint(key, hit[0])
+
+
+def _footprint(key: bytes, entry: Entry | None) -> int:
+    return len(key) + (0 if entry is None else len(entry.value))

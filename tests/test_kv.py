@@ -256,6 +256,28 @@ async def test_read_cache(data_dir: Path, autojump_clock: trio.testing.MockClock
         assert (await kvop(host, "reader", "get", key=b"c"))[1][1] == b"6"
 
 
+async def test_the_read_cache_holds_a_bounded_number_of_bytes(
+    data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its bytes of keys and values the cache lets its oldest reads go: with room for
+    three values of 1 KiB, the first of five keys read is read from its shard again (fresh),
+    the last from the cache (stale, within its 5 s)."""
+    import actorkeep.kv
+
+    monkeypatch.setattr(actorkeep.kv, "_CACHE_MAX_BYTES", 3 * (2 + 1024))
+    async with open_host(make_app(read_cache=5.0), data_dir) as host:
+        keys = [f"k{i}".encode() for i in range(5)]
+        for k in keys:
+            await kvop(host, "writer", "put", key=k, value=b"a" * 1024)
+        for k in keys:
+            await kvop(host, "reader", "get", key=k)
+        for k in keys:
+            await kvop(host, "writer", "put", key=k, value=b"b" * 1024)
+        first = (await kvop(host, "reader", "get", key=keys[0]))[1][1]
+        last = (await kvop(host, "reader", "get", key=keys[-1]))[1][1]
+        assert (first, last) == (b"b" * 1024, b"a" * 1024)
+
+
 # -- access and bad input ----------------------------------------------------------------------
 
 
