@@ -20,6 +20,7 @@ from actorkeep.testing import open_host
 app = ak.App()
 fired: list[tuple[str, float, float, int]] = []  # (address, now, scheduled_at, retry_count)
 failures: dict[str, int] = {}  # address -> how many more times alarm() should raise
+naps: dict[str, float] = {}  # address -> seconds alarm() sleeps first
 
 
 @app.actor("timer")
@@ -27,6 +28,7 @@ class Timer(ak.Actor):
     again: float | None = None
 
     async def alarm(self, info: ak.AlarmInfo) -> None:
+        await trio.sleep(naps.get(self.address, 0.0))
         fired.append((self.address, self.now(), info.scheduled_at, info.retry_count))
         if failures.get(self.address, 0) > 0:
             failures[self.address] -= 1
@@ -750,3 +752,34 @@ async def test_a_failing_index_removal_does_not_stop_the_host(
         storage.proxy.fail = False
         await trio.sleep(5)
         assert [a for a, *_ in fired] == ["timer/a", "timer/b"]
+
+
+async def test_many_alarms_due_at_once_cost_a_scan_each_not_a_scan_per_alarm(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """300 alarms due at the same moment, their handlers taking up to 2 s: the scheduler
+    reads the due index about once per alarm, not once per alarm per alarm. (Each cleared
+    alarm used to wake a scan of every due entry, the running ones included.)"""
+    fired.clear()
+    naps.update({f"timer/t{i}": i * 7 % 20 / 10 for i in range(300)})
+    async with open_host(app, data_dir) as host:
+        at = host.host.clock.now() + 10
+        for i in range(300):
+            resp = await host.request("POST", f"/timer/t{i}/_rpc/set_at", json={"at": at})
+            assert resp.status == 200
+        index = host.host.alarms.index
+        real_due = index.due
+        read = [0]
+
+        def due(now: float, after: tuple[float, str] | None, limit: int) -> list[Any]:
+            rows = real_due(now, after, limit)
+            read[0] += len(rows)
+            return rows
+
+        index.due = due  # type: ignore[method-assign]
+        try:
+            await trio.sleep(20)
+        finally:
+            naps.clear()
+        assert len(fired) == 300
+        assert read[0] <= 2 * 300, read

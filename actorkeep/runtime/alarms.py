@@ -421,7 +421,19 @@ class AlarmScheduler:
             log.info("kept a cleared alarm's index entry", address=address, error=repr(exc))
         finally:
             self.cleared(address, token)
-        self.poke(self.clock.now())  # an alarm set meanwhile may be due
+        self._recheck(address)  # an alarm set meanwhile may be due
+
+    def _recheck(self, address: str) -> None:
+        """``address`` left ``running``: wake it now if its entry is due (the scans skipped it
+        meanwhile), or by its time. One read of its own entry: a scan of every due entry here,
+        after each of many alarms due at once, made them cost the square of their number."""
+        at = self.index.get(address)
+        if at is None:
+            return
+        if at <= self.horizon():
+            self._wake(address, early=False)
+        else:
+            self.poke(at)
 
     def still_cleared(self, address: str, token: object) -> bool:
         """Whether the alarm cleared under ``token`` was not set again since."""
