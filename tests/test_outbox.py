@@ -15,6 +15,7 @@ from actorkeep.queue import Client
 from actorkeep.sql import Sql
 from actorkeep.testing import open_host
 from tests.outbox_app import app
+from tests.sqlutil import rows_read
 
 
 async def rpc(host: ak.testing.TestHost, address: str, method: str, /, **args: Any) -> Any:
@@ -82,14 +83,6 @@ async def test_a_crash_between_send_and_delete_queues_once(
         assert await rpc(host, "shop/s", "orders") == ["a"]
 
 
-class _Rows:
-    def __init__(self, rows: list[Any]) -> None:
-        self._rows = rows
-
-    def fetchall(self) -> list[Any]:
-        return self._rows
-
-
 async def test_a_backlog_is_read_a_page_at_a_time_and_goes_in_order(
     data_dir: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,19 +97,8 @@ async def test_a_backlog_is_read_a_page_at_a_time_and_goes_in_order(
             raise ak.Overloaded("the queue is busy")
         return await real_send(self, *args, **kw)
 
-    read: list[int] = []
-    real_exec = Sql.exec
-
-    def counted(self: Sql, sql: str, params: Any = (), **kw: Any) -> Any:
-        cursor = real_exec(self, sql, params, **kw)
-        if sql.startswith("SELECT id, queue, body"):
-            rows = cursor.fetchall()
-            read.append(len(rows))
-            return _Rows(rows)
-        return cursor
-
     monkeypatch.setattr(Client, "send", flaky)
-    monkeypatch.setattr(Sql, "exec", counted)
+    read = rows_read(monkeypatch, "SELECT id, queue, body")
     async with open_host(app, data_dir) as host:
         for i in range(250):
             assert await rpc(host, "shop/s", "order", id=f"{i:03}") == i + 1

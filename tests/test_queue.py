@@ -18,6 +18,7 @@ from actorkeep.testing import open_host
 from queues import Queue
 from queues.queue import backoff
 from tests.queue_support import Remote, alarm_of, app, deliveries, now, queue_file, table_rows
+from tests.sqlutil import rows_read
 
 
 @pytest.fixture(autouse=True)
@@ -459,19 +460,6 @@ async def test_a_redrive_moves_the_dead_letters_a_page_at_a_time(
 ) -> None:
     """250 dead letters, in two groups and in none: a redrive of all of them reads 100 at a
     time (never every body at once), and each group's messages come back in their order."""
-    from actorkeep.sql import Sql
-
-    read: list[int] = []
-    real_exec = Sql.exec
-
-    def counted(self: Sql, sql: str, params: Any = (), **kw: Any) -> Any:
-        cursor = real_exec(self, sql, params, **kw)
-        if sql.startswith("SELECT id, body, enqueued_at, priority, grp FROM actorkeep_queue_dead"):
-            rows = cursor.fetchall()
-            read.append(len(rows))
-            return _Rows(rows)
-        return cursor
-
     async with open_host(app, data_dir) as host:
         q = Remote(host)
         await q.configure(Config(max_attempts=1))
@@ -480,9 +468,10 @@ async def test_a_redrive_moves_the_dead_letters_a_page_at_a_time(
         while leases := await q.lease(max=100, visibility=10):
             await q.settle([Retry(x.id, x.attempt, 0.0, "no") for x in leases])
         assert len(await q.dead_letters(limit=1000)) == 250
-        monkeypatch.setattr(Sql, "exec", counted)
+        read = rows_read(
+            monkeypatch, "SELECT id, body, enqueued_at, priority, grp FROM actorkeep_queue_dead"
+        )
         assert await q.redrive() == 250
-        monkeypatch.setattr(Sql, "exec", real_exec)
         assert read == [100, 100, 50, 0], read
         got: list[int] = []
         while leases := await q.lease(max=100, visibility=10):
@@ -492,11 +481,3 @@ async def test_a_redrive_moves_the_dead_letters_a_page_at_a_time(
         for group in ("a", "b"):
             mine = [i for i in got if groups[i] == group]
             assert mine == sorted(mine), group
-
-
-class _Rows:
-    def __init__(self, rows: list[Any]) -> None:
-        self._rows = rows
-
-    def fetchall(self) -> list[Any]:
-        return self._rows
