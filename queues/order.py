@@ -11,6 +11,7 @@ that found fewer visible messages than it asked for passed all of them: 6 ms per
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from actorkeep import Sql
@@ -40,25 +41,36 @@ _LEASE_BELOW = (
 SEEKS = 64
 
 
+def _first_of_each_priority(sql: Sql) -> Iterator[tuple[int, float | None]]:
+    """``(priority, visible_at of its first message)`` for each priority present, highest
+    first, one seek each; past ``SEEKS`` of them, one last ``(priority, None)``: the priorities
+    at or below it, not sought."""
+    priority = MAX_PRIORITY
+    for _ in range(SEEKS):
+        row = sql.exec(_FIRST, (priority,)).fetchone()
+        if row is None:
+            return
+        priority, visible_at = row
+        yield priority, visible_at
+        if priority == MIN_PRIORITY:
+            return
+        priority -= 1
+    yield priority, None
+
+
 def leasable(sql: Sql, now: float, n: int) -> list[Any]:
     """Up to ``n`` messages a lease at ``now`` takes, in lease order:
     ``(id, attempts, body, enqueued_at, key, grp)`` each."""
     rows: list[Any] = []
-    priority = MAX_PRIORITY
-    for _ in range(SEEKS):
-        if len(rows) >= n:
-            return rows
-        first = sql.exec(_FIRST, (priority,)).fetchone()
+    if n <= 0:
+        return rows
+    for priority, first in _first_of_each_priority(sql):
         if first is None:
-            return rows
-        priority, visible_at = first
-        if visible_at <= now:
+            rows += sql.exec(_LEASE_BELOW, (priority, now, n - len(rows))).fetchall()
+        elif first <= now:
             rows += sql.exec(LEASE_SQL, (priority, now, n - len(rows))).fetchall()
-        if priority == MIN_PRIORITY:
-            return rows
-        priority -= 1
-    if len(rows) < n:
-        rows += sql.exec(_LEASE_BELOW, (priority, now, n - len(rows))).fetchall()
+        if len(rows) >= n:
+            break
     return rows
 
 
@@ -67,22 +79,17 @@ def earliest_head(sql: Sql) -> float | None:
     in the lease index. (An index of its own would cost every send, lease, ack and group
     promotion one more entry to write.)"""
     best: float | None = None
-    priority: int = MAX_PRIORITY
-    for _ in range(SEEKS):
-        row = sql.exec(_FIRST, (priority,)).fetchone()
-        if row is None:
-            return best
-        priority, visible_at = row
-        best = visible_at if best is None else min(best, visible_at)
-        if priority == MIN_PRIORITY:
-            return best
-        priority -= 1
-    (rest,) = sql.exec(
-        "SELECT MIN(visible_at) FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
-        "WHERE blocked = 0 AND priority <= ?",
-        (priority,),
-    ).fetchone()
-    return best if rest is None else rest if best is None else min(best, rest)
+    for priority, first in _first_of_each_priority(sql):
+        if first is None:
+            (first,) = sql.exec(
+                "SELECT MIN(visible_at) FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
+                "WHERE blocked = 0 AND priority <= ?",
+                (priority,),
+            ).fetchone()
+            if first is None:
+                break
+        best = first if best is None else min(best, first)
+    return best
 
 
 __all__ = ["LEASE_SQL", "SEEKS", "earliest_head", "leasable"]
