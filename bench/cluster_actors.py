@@ -12,7 +12,8 @@ processes over a real PostgreSQL primary with a synchronous standby, both starte
    (group commit and the output gates). Target: at least 5x ``raw``'s writes/s. Also printed:
    the machine's CPU time per put (every process: the hosts, PostgreSQL, its standby; from
    ``/proc/stat``) and the rate that CPU cost allows on all of the machine's cores, which
-   bounds what any batching can reach here.
+   bounds what any batching can reach here; and puts per PostgreSQL transaction (from
+   ``pg_stat_database``, lease renewals included: a lower bound).
 4. ``mixed``: the crash suite's mixed load (``bench/crash.py``: durable KV puts, compare-and-set
    counters, queue sends pushed to a consumer), 18 client threads over HTTP spread over the
    hosts, on a 1-host and on a 3-host cluster, each on a fresh database: answered requests/s,
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             "raw/s", "raw p50 ms", "own write p50 ms", "put local p50 ms",
             "put forwarded p50 ms", "callers local/s", "callers forwarded/s",
             "callers local CPU us/put", "callers forwarded CPU us/put",
+            "callers local puts/commit", "callers forwarded puts/commit",
             "1 host answers/s", "3 hosts answers/s",
             "1 host commits/answer", "3 hosts commits/answer",
             "1 host WAL B/answer", "3 hosts WAL B/answer",
@@ -295,10 +297,18 @@ def main(argv: list[str] | None = None) -> None:
                         lat = rpc(front, f"/{driver}/_rpc/one_by_one", {"seconds": seconds})
                         results[f"put {where} p50 ms"].append(statistics.median(lat) * 1e3)
                         asked = {"callers": CALLERS, "seconds": seconds}
+                        time.sleep(0.6)  # stats reach pg_stat_database within its flush interval
+                        c0, _ = pg_counters(primary, "actors")
                         busy = busy_seconds()
                         per_s = rpc(front, f"/{driver}/_rpc/callers", asked)
                         busy = busy_seconds() - busy
+                        time.sleep(0.6)
+                        c1, _ = pg_counters(primary, "actors")
                         results[f"callers {where}/s"].append(per_s)
+                        # lease renewals and the rpc's own commits included: a bound
+                        results[f"callers {where} puts/commit"].append(
+                            per_s * seconds / max(1, c1 - c0)
+                        )
                         # the rpc's call and answer are outside the puts' seconds: a bound
                         results[f"callers {where} CPU us/put"].append(
                             busy / (per_s * seconds) * 1e6

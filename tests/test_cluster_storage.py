@@ -20,6 +20,7 @@ from actorkeep.cluster.backend import ClusterStorage, NotServedHere
 from actorkeep.cluster.committer import Committer, Ticket
 from actorkeep.cluster.router import ClusterRouter
 from actorkeep.errors import OutcomeUnknown
+from actorkeep.runtime.gate import Gate
 from actorkeep.testing import open_host
 from tests.pg import wait_for_a_lock_wait
 
@@ -509,4 +510,109 @@ async def test_writes_that_could_not_reach_the_store_are_refused_not_unknown(
             assert error.startswith("Overloaded: "), error
             assert "could not reach the cluster's store" in error
             assert (await call(t, "get", key="x")).json() == "before"
+        nursery.cancel_scope.cancel()
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the trio tasks' steps, to tell whether two things happened in one step."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.n += 1
+
+
+async def test_a_sync_asked_for_during_a_commit_joins_the_next_batch_in_the_same_step(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """The gate's syncs go through the committer without a task of their own: an actor that
+    writes again while its sync commits has its next batch started in the step the first one
+    ended, so the commits' thread never waits for the trio thread's other work."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    steps = TaskSteps()
+    trio.lowlevel.add_instrument(steps)
+    started: list[int] = []  # the step count when each commit began, and when it came back
+    ended: list[int] = []
+    go = trio.Event()
+    real = a.in_commit_thread
+
+    async def timed(fn: Callable[[], Any]) -> Any:
+        started.append(steps.n)
+        await go.wait()
+        try:
+            return await real(fn)
+        finally:
+            ended.append(steps.n)
+
+    a.in_commit_thread = timed  # type: ignore[method-assign]
+    failed: list[BaseException] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            go.set()
+            db = await opened(a, "c")
+            await db.sync()  # its first image and table
+            started.clear(), ended.clear()
+            gate = Gate(db, nursery.start_soon, print, print, failed.append)
+            go = trio.Event()
+            db.conn.execute("INSERT INTO t VALUES (1)")
+            gate.write()
+            await trio.sleep(0.05)  # its sync commits...
+            db.conn.execute("INSERT INTO t VALUES (2)")
+            gate.write()  # ...when it writes again
+            go.set()
+            with trio.fail_after(5):
+                await gate.wait()
+            db.close()
+            await a.settle()
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert not failed and len(started) == 2 and started[1] == ended[0], (started, ended)
+
+
+async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_the_store_answers(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """A host cut off from the store: the commit of a durable write hangs, and the write's
+    caller hears that its outcome is unknown once the lease runs out by the host's clock,
+    while the commit still hangs; the actor's next open waits for the commit's end."""
+    create(pg_conninfo, 8)
+    clock = Clock()
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=clock)
+    real = a.in_commit_thread
+    hang = False
+    go = trio.Event()
+
+    async def cut_off(fn: Callable[[], Any]) -> Any:
+        if hang:
+            await go.wait()
+        return await real(fn)
+
+    a.in_commit_thread = cut_off  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a, router=lambda h: ClusterRouter(h, a)) as t:
+            assert (await call(t, "put", key="k", value="before")).status == 200
+            a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
+            hang = True
+            answers: list[Any] = []
+            answered = trio.Event()
+
+            async def put() -> None:
+                answers.append(await t.request("POST", "/w/w/_rpc/put_error",
+                                               json={"key": "k", "value": "during"}))  # fmt: skip
+                answered.set()
+
+            nursery.start_soon(put)
+            await trio.sleep(0.1)  # the commit hangs...
+            assert answers == []
+            clock.now += SETTINGS.ttl  # ...when the lease runs out by this host's clock
+            with trio.fail_after(2):  # 0.5 s here
+                await answered.wait()
+            assert not go.is_set()
+            assert answers[0].status == 503 and b"OutcomeUnknown" in answers[0].body
+            go.set()
         nursery.cancel_scope.cancel()

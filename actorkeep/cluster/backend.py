@@ -91,6 +91,8 @@ class ClusterStorage:
         self._refreshing = False
         self._open: dict[str, ClusterDatabase] = {}  # by address
         self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
+        self._sending: set[ClusterDatabase] = set()  # syncs in the committer (``commit_soon``)
+        self._sends_waiting = trio.Event()
         self._synced: dict[str, trio.Event] = {}
         # The store's own threads: the host closes its storage (and so the files' threads)
         # before run() hands the leases over. The commits have one of their own, so that they
@@ -131,6 +133,7 @@ class ClusterStorage:
             )
             self._committer = committer
             self._nursery = nursery
+            nursery.start_soon(self._end_syncs_past_their_lease)
             await self.in_thread(self.keeper.tick)
             await self._follow_leases(nursery)
             task_status.started()
@@ -318,6 +321,48 @@ class ClusterStorage:
         moved): its next open restores it from the store, without the plain writes the store
         did not have."""
         self._restored.pop(address, None)
+
+    def commit_soon(self, db: ClusterDatabase) -> bool:
+        """``db``'s sync goes in the committer's next batch (``ClusterDatabase.start_sync``);
+        False if the commits do not run."""
+        committer = self._committer
+        if committer is None or self._nursery is None:
+            return False
+        self.syncing(db.address, db.partition, +1)
+        if not self._sending:
+            self._sends_waiting.set()
+        self._sending.add(db)
+        committer.submit_source(db)
+        return True
+
+    def sent(self, db: ClusterDatabase) -> None:
+        """The batch that had ``db``'s sync ended (``commit_soon``)."""
+        self._sending.discard(db)
+        self.syncing(db.address, db.partition, -1)
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Start ``fn()`` beside the commits (``run``'s nursery)."""
+        if self._nursery is None:
+            raise RuntimeError("ClusterStorage.run() is not running")
+        self._nursery.start_soon(fn)
+
+    async def _end_syncs_past_their_lease(self) -> None:
+        """A sync in the committer whose partition's lease runs out by this host's clock
+        fails then (``ClusterDatabase.lease_ran_out``), not when the store's connection
+        times out (a host cut off from it). Looks again at least every tick's interval."""
+        while True:
+            if not self._sending:
+                self._sends_waiting = trio.Event()
+                await self._sends_waiting.wait()
+                continue
+            keeper = self.keeper
+            wait = min(keeper.remaining(db.partition) for db in self._sending)
+            await trio.sleep(min(wait, keeper.settings.every))
+            for db in list(self._sending):
+                lease = keeper.lease_for(db.partition)
+                if lease is None or lease.epoch != db.epoch:
+                    self._sending.discard(db)  # still syncing until its batch ends
+                    db.lease_ran_out()
 
     def syncing(self, address: str, partition: int, delta: int) -> None:
         """A commit of ``address`` (of ``partition``) begins (+1) or ends (-1)."""

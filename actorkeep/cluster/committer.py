@@ -4,6 +4,10 @@ a commit is in flight go together in the next one, one PostgreSQL transaction fo
 A write whose partition has a newer owner fails alone: the batch is committed again without the
 fenced partitions' writes, so one stale actor never fails the others. Each batch also takes the
 alarm index's pending changes (``alarms.py``), in the same transaction.
+
+A write comes ready (``submit``), or from a ``Source`` asked for it as its batch starts
+(``submit_source``): an actor's output gate takes the frames its log has at that moment, and
+hears the batch's end in the same step, where its next sync can join the next batch at once.
 """
 
 from __future__ import annotations
@@ -36,14 +40,35 @@ class AlarmChanges(Protocol):
     def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None: ...
 
 
+class Source(Protocol):
+    """Where a batch takes a write from as it starts (``Committer.submit_source``)."""
+
+    def take(self) -> Write | None:
+        """The write to commit in this batch (None: nothing); raising fails it alone."""
+        ...
+
+    def ended(self, result: outcome.Outcome[None]) -> None:
+        """The batch ended: ``result`` is the write's outcome (or the error ``take`` raised).
+        Called on the trio thread, in the committer's task: it must not block."""
+        ...
+
+
 class Ticket:
-    """One write in the committer: ``wait()`` until its batch ended; its outcome, once."""
+    """One ready write in the committer: ``wait()`` until its batch ended; its outcome, once."""
 
-    __slots__ = ("box", "done")
+    __slots__ = ("box", "done", "write")
 
-    def __init__(self) -> None:
+    def __init__(self, write: Write | None = None) -> None:
+        self.write = write
         self.done = trio.Event()
         self.box: list[outcome.Outcome[None]] = []
+
+    def take(self) -> Write | None:
+        return self.write
+
+    def ended(self, result: outcome.Outcome[None]) -> None:
+        self.box.append(result)
+        self.done.set()
 
     async def wait(self) -> None:
         await self.done.wait()
@@ -72,7 +97,7 @@ class Committer:
         self._run = run
         self._spawn = spawn
         self._alarms: AlarmChanges = _NoAlarms() if alarms is None else alarms
-        self._pending: list[tuple[Write | None, trio.Event, list[outcome.Outcome[None]]]] = []
+        self._pending: list[Source] = []
         self._busy = False
         #: Transactions committed, and writes in them (for measurements).
         self.transactions = 0
@@ -86,18 +111,28 @@ class Committer:
 
     def submit(self, write: Write | None) -> Ticket:
         """Queue ``write`` for the next batch; its ``Ticket`` tells when it ended, and how."""
-        ticket = Ticket()
-        self._pending.append((write, ticket.done, ticket.box))
+        ticket = Ticket(write)
+        self.submit_source(ticket)
+        return ticket
+
+    def submit_source(self, source: Source) -> None:
+        """Ask ``source`` for its write when the next batch starts; tell it the end."""
+        self._pending.append(source)
         if not self._busy:
             self._busy = True
             self._spawn(self._drain)
-        return ticket
 
     async def _drain(self) -> None:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                writes = [w for w, _, _ in batch if w is not None]
+                taken: list[Write | Exception | None] = []
+                for source in batch:
+                    try:
+                        taken.append(source.take())
+                    except Exception as exc:
+                        taken.append(exc)
+                writes = [w for w in taken if isinstance(w, Write)]
                 changes = self._alarms.take()
                 try:
                     results, unknown = await self._run(partial(self._commit, writes, changes))
@@ -106,18 +141,21 @@ class Committer:
                     # simulator's store lost the reply): the outcome is unknown, for every
                     # write of the batch. Cancelled (the host closes): the same, then out.
                     self._alarms.failed(changes, set())
-                    for _, done, box in batch:  # an outcome is unwrapped once: one each
-                        box.append(outcome.Error(_as_error(exc)))
-                        done.set()
+                    for source in batch:  # an outcome is unwrapped once: one each
+                        _end(source, outcome.Error(_as_error(exc)))
                     if not isinstance(exc, Exception):
                         raise
                     continue
                 if unknown is not None:
                     self._alarms.failed(*unknown)
                 by_write = iter(results)
-                for w, done, box in batch:
-                    box.append(next(by_write) if w is not None else outcome.Value(None))
-                    done.set()
+                for source, w in zip(batch, taken, strict=True):
+                    if isinstance(w, Write):
+                        _end(source, next(by_write))
+                    elif w is None:
+                        _end(source, outcome.Value(None))
+                    else:
+                        _end(source, outcome.Error(w))
         finally:
             self._busy = False
 
@@ -155,6 +193,13 @@ class Committer:
                 else outcome.Value(None)
                 for w in writes
             ], None
+
+
+def _end(source: Source, result: outcome.Outcome[None]) -> None:
+    try:
+        source.ended(result)
+    except Exception as exc:  # one actor's bookkeeping: never the other writes' end
+        log.error("a write's end could not be told", error=repr(exc))
 
 
 def _as_error(exc: BaseException) -> Exception:

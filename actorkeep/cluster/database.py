@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
+import outcome
 import structlog
 import trio
 
-from ..errors import OutcomeUnknown, Overloaded
+from ..errors import HostClosed, OutcomeUnknown, Overloaded
 from ..runtime.storage import FileDatabase
 from .committer import Committer, Ticket
 from .connections import NotSent
@@ -79,6 +81,12 @@ class Owner(Protocol):
 
     def syncing(self, address: str, partition: int, delta: int) -> None: ...
 
+    def commit_soon(self, db: ClusterDatabase) -> bool: ...
+
+    def sent(self, db: ClusterDatabase) -> None: ...
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None: ...
+
     def forget(self, address: str) -> None: ...
 
     def committed(self, db: ClusterDatabase) -> None: ...
@@ -113,7 +121,11 @@ class ClusterDatabase:
         self.epoch = epoch
         self._replica = replica
         self._image = image  # the first image of an actor new to the cluster, not sent yet
-        self._one_at_a_time = trio.Lock()
+        # A semaphore, not a lock: a sync the committer runs (``start_sync``) ends in its task.
+        self._one_at_a_time = trio.Semaphore(1)
+        self._done: Callable[[BaseException | None], None] | None = None  # of ``start_sync``
+        self._again = False  # ``take`` left the sync to ``sync``
+        self._wrote = False  # ``take`` shipped frames
         self._failed: BaseException | None = None
         self._shut = False  # close() has run
         self._close_commit = trio.Event()  # what close() shipped is committed, or failed
@@ -152,8 +164,90 @@ class ClusterDatabase:
         await self._after_close()
 
     def start_sync(self, done: Callable[[BaseException | None], None]) -> bool:
-        """Never: a sync ships frames to the store, which takes awaits before it starts."""
-        return False
+        """The gate's sync, without a task of its own where it can: the committer takes the
+        frames as its next batch starts and ends the sync (``done``) in the step the batch
+        ends, so that the sync asked for meanwhile joins the batch after at once. Not when a
+        sync or checkpoint runs, the first image is not sent, or the lease needs a renewal
+        or is gone: the gate's task then awaits ``sync``, which waits, or says why not."""
+        if self._shut or self._failed is not None or self._image is not None:
+            return False
+        lease = self._storage.keeper.lease_for(self.partition)
+        if lease is None or lease.epoch != self.epoch:
+            return False
+        try:
+            self._one_at_a_time.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        self._done, self._again, self._wrote = done, False, False
+        if not self._storage.commit_soon(self):
+            self._done = None
+            self._one_at_a_time.release()
+            return False
+        return True
+
+    def take(self) -> Write | None:
+        """The committer's batch starts: the frames committed since the last ship. Closed
+        meanwhile, or the lease not good now: nothing; the sync is done again by ``sync``
+        (which waits for the close's commit, or the renewal, or says why not)."""
+        lease = self._storage.keeper.lease_for(self.partition)
+        if self._shut or self._failed is not None or lease is None or lease.epoch != self.epoch:
+            self._again = True
+            return None
+        write = self._replica.ship(self.epoch)
+        self._wrote = write is not None
+        return write
+
+    def ended(self, result: outcome.Outcome[None]) -> None:
+        """The committer's batch ended (``take`` for how it began)."""
+        storage, done = self._storage, self._done
+        self._done = None
+        error = result.error if isinstance(result, outcome.Error) else None
+        if done is not None and error is None and self._wrote:
+            lease = storage.keeper.lease_for(self.partition)
+            if lease is None or lease.epoch != self.epoch:  # no reply may leave now
+                error = self._outlasted()
+        if done is not None and error is not None:
+            self._failed = error
+            storage.forget(self.address)  # the local file is unknown: restore it next time
+        self._one_at_a_time.release()
+        storage.sent(self)
+        if done is None:  # ended already: the lease ran out first (``lease_ran_out``)
+            return
+        if error is not None:
+            done(_sync_error(self.address, error))
+        elif self._again:
+            storage.spawn(partial(self._sync_then, done))
+        else:
+            if self._wrote:
+                storage.committed(self)
+            done(None)
+
+    def lease_ran_out(self) -> None:
+        """The lease ran out by this host's clock with the committer's batch in flight: the
+        sync fails now (its outcome unknown), not at the connection's timeout; the actor's
+        next open waits for the batch's end all the same."""
+        done, self._done = self._done, None
+        if done is None:
+            return
+        self._failed = error = self._outlasted()
+        self._storage.forget(self.address)
+        done(error)
+
+    def _outlasted(self) -> OutcomeUnknown:
+        log.warning("a commit to the cluster's store outlasted the lease",
+                    address=self.address, partition=self.partition)  # fmt: skip
+        return _unknown(self.address)
+
+    async def _sync_then(self, done: Callable[[BaseException | None], None]) -> None:
+        try:
+            await self.sync()
+        except Exception as exc:
+            done(exc)
+            return
+        except BaseException:
+            done(HostClosed("the host closed during a sync"))
+            raise
+        done(None)
 
     async def sync(self) -> None:
         # One at a time (the gate's and a checkpoint's), so that batches land in order; and
