@@ -6,12 +6,13 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from actorkeep.cluster import ClusterStore, Fenced, create, partition_of
-from actorkeep.cluster.frames import LogFormatError, decode
-from actorkeep.cluster.replica import Replica, compact, restore
+from actorkeep.cluster import ClusterStore, Fenced, create, frames, partition_of, replica
+from actorkeep.cluster.frames import Frames, LogFormatError, decode, encode
+from actorkeep.cluster.replica import Replica, compact, held, restore
 
 from .walutil import open_db, rows
 
@@ -171,3 +172,40 @@ def test_a_log_that_started_afresh_unshipped_is_refused(pg_conninfo: str, tmp_pa
 def test_a_damaged_batch_is_refused() -> None:
     with pytest.raises(LogFormatError):
         decode(b"\x00\x00\x10\x00\x00\x00\x00\x02short")
+
+
+class _Loads:
+    """A store's ``load`` that answers with what it was given."""
+
+    def __init__(self, seq: int, image: bytes, batches: list[tuple[int, bytes]]) -> None:
+        self.answer = (seq, image, batches)
+
+    def load(self, address: str) -> tuple[int, bytes, list[tuple[int, bytes]]]:
+        return self.answer
+
+
+def test_a_restore_copies_the_image_once_whatever_its_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore lays every batch over one copy of the image: it used to copy the image twice
+    a batch, so a large actor with its 64 batches not yet folded took 128 copies of itself."""
+    size = 4096
+    image = b"".join(bytes([n]) * size for n in range(1, 4))  # three pages
+    batches = [
+        (seq, encode(Frames(size, [(2, 3, bytes([100 + seq]) * size)], False)))
+        for seq in range(6, 56)
+    ]
+    copies = 0
+
+    class Counted(bytearray):
+        def __init__(self, *args: Any) -> None:
+            nonlocal copies
+            copies += 1
+            super().__init__(*args)
+
+    monkeypatch.setattr(replica, "bytearray", Counted, raising=False)
+    monkeypatch.setattr(frames, "bytearray", Counted, raising=False)
+    found = held(_Loads(5, image, batches), "c/x")
+    assert found.image == image[:size] + bytes([155]) * size + image[2 * size :]
+    assert (found.last, found.batches, found.known) == (55, 50, True)
+    assert copies == 1

@@ -134,8 +134,15 @@ def apply(image: bytes, frames: Frames) -> bytes:
     transactions they hold left it."""
     if not frames.pages:
         return image
-    size = frames.page_size
     out = bytearray(image)
+    lay(out, frames)
+    return bytes(out)
+
+
+def lay(out: bytearray, frames: Frames) -> None:
+    """Lay ``frames`` over the database file ``out``, in place (``apply`` without the copies:
+    a restore lays many batches over one image)."""
+    size = frames.page_size
     for page, commit, data in frames.pages:
         at = (page - 1) * size
         if len(out) < at + size:
@@ -143,7 +150,6 @@ def apply(image: bytes, frames: Frames) -> bytes:
         out[at : at + size] = data
         if commit:
             del out[commit * size :]  # a transaction that shrank the file ends it here
-    return bytes(out)
 
 
 def squash(frames: Frames) -> Frames:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .frames import LogFormatError, LogReader, apply, decode, encode, squash
+from .frames import LogFormatError, LogReader, decode, encode, lay, squash
 from .records import Store, Write
 
 
@@ -112,11 +112,15 @@ def held(store: Loads, address: str) -> Held:
     """What the cluster holds of the actor at ``address`` (one snapshot of the store)."""
     seq, image, batches = store.load(address)
     known = bool(image or batches)
+    if not batches:
+        return Held(image, seq, 0, known)
+    out = bytearray(image)  # one copy for all the batches, not two each
+    del image
     for expected, (got, data) in enumerate(batches, start=seq + 1):
         if got != expected:  # never laid over what it was written on top of
             raise LogFormatError(f"{address}: batch {expected} is missing (next is {got})")
-        image = apply(image, decode(data))
-    return Held(image, batches[-1][0] if batches else seq, len(batches), known)
+        lay(out, decode(data))
+    return Held(bytes(out), batches[-1][0], len(batches), known)
 
 
 def restore(store: Store, address: str) -> bytes:
