@@ -616,3 +616,44 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
             assert answers[0].status == 503 and b"OutcomeUnknown" in answers[0].body
             go.set()
         nursery.cancel_scope.cancel()
+
+
+async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """The gate's sync run by the committer (``start_sync``) fails with its batch's outcome
+    unknown: as for a sync of its own, no later batch of the database may land on top of
+    the one that may be missing; its next open restores what the store has."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    real = a.in_commit_thread
+    fail = False
+
+    async def failing(fn: Callable[[], Any]) -> Any:
+        if fail:
+            raise OSError("injected: the store did not answer")
+        return await real(fn)
+
+    a.in_commit_thread = failing  # type: ignore[method-assign]
+    failed: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        db = await opened(a, "c")
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        await db.sync()
+        gate = Gate(db, nursery.start_soon, print, print, failed.append)
+        fail = True
+        db.conn.execute("INSERT INTO t VALUES (2)")
+        gate.write()
+        with pytest.raises(OutcomeUnknown, match="may be durable"):
+            await gate.wait()
+        assert len(failed) == 1
+        fail = False
+        db.conn.execute("INSERT INTO t VALUES (3)")
+        with pytest.raises(NotServedHere):
+            await db.sync()  # the store works again, but this database is done
+        db.close()
+        again = await opened(a, "c")
+        assert again.conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+        again.close()
+        nursery.cancel_scope.cancel()
