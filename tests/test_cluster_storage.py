@@ -4,6 +4,7 @@ takeover, and a host that has lost its partitions acknowledges nothing more."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -513,6 +514,20 @@ async def test_writes_that_could_not_reach_the_store_are_refused_not_unknown(
         nursery.cancel_scope.cancel()
 
 
+def committed_soon(storage: ClusterStorage) -> list[Any]:
+    """The databases whose syncs go through ``storage``'s committer (``commit_soon``), in
+    order, from now on."""
+    seen: list[Any] = []
+    real = storage.commit_soon
+
+    def commit_soon(db: Any) -> bool:
+        seen.append(db)
+        return real(db)
+
+    storage.commit_soon = commit_soon  # type: ignore[method-assign]
+    return seen
+
+
 class TaskSteps(trio.abc.Instrument):
     """Counts the trio tasks' steps, to tell whether two things happened in one step."""
 
@@ -554,7 +569,8 @@ async def test_a_sync_asked_for_during_a_commit_joins_the_next_batch_in_the_same
             go.set()
             db = await opened(a, "c")
             await db.sync()  # its first image and table
-            started.clear(), ended.clear()
+            started.clear()
+            ended.clear()
             gate = Gate(db, nursery.start_soon, print, print, failed.append)
             go = trio.Event()
             db.conn.execute("INSERT INTO t VALUES (1)")
@@ -592,11 +608,13 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
         return await real(fn)
 
     a.in_commit_thread = cut_off  # type: ignore[method-assign]
+    through_committer = committed_soon(a)
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
         async with open_host(app, storage=a, router=lambda h: ClusterRouter(h, a)) as t:
             assert (await call(t, "put", key="k", value="before")).status == 200
             a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
+            through_committer.clear()
             hang = True
             answers: list[Any] = []
             answered = trio.Event()
@@ -614,7 +632,20 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
                 await answered.wait()
             assert not go.is_set()
             assert answers[0].status == 503 and b"OutcomeUnknown" in answers[0].body
+            [shard] = {db.address for db in through_committer if db.address.startswith("kv/")}
+            reopened = trio.Event()
+
+            async def reopen() -> None:
+                with contextlib.suppress(NotServedHere):  # the lease is gone by then
+                    await a.ready(*shard.split("/"))
+                reopened.set()
+
+            nursery.start_soon(reopen)
+            await trio.sleep(0.1)
+            assert not reopened.is_set()  # the actor's next open waits for the commit's end
             go.set()
+            with trio.fail_after(2):
+                await reopened.wait()
         nursery.cancel_scope.cancel()
 
 
@@ -635,6 +666,7 @@ async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
         return await real(fn)
 
     a.in_commit_thread = failing  # type: ignore[method-assign]
+    through_committer = committed_soon(a)
     failed: list[BaseException] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
@@ -645,6 +677,7 @@ async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
         fail = True
         db.conn.execute("INSERT INTO t VALUES (2)")
         gate.write()
+        assert through_committer == [db]
         with pytest.raises(OutcomeUnknown, match="may be durable"):
             await gate.wait()
         assert len(failed) == 1
@@ -657,3 +690,162 @@ async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
         assert again.conn.execute("SELECT x FROM t").fetchall() == [(1,)]
         again.close()
         nursery.cancel_scope.cancel()
+
+
+def hanging(storage: ClusterStorage) -> dict[str, Any]:
+    """Make ``storage``'s commits wait, while ``state["hang"]``, for ``state["go"]``."""
+    real = storage.in_commit_thread
+    state: dict[str, Any] = {"hang": False, "go": trio.Event()}
+
+    async def run(fn: Callable[[], Any]) -> Any:
+        if state["hang"]:
+            await state["go"].wait()
+        return await real(fn)
+
+    storage.in_commit_thread = run  # type: ignore[method-assign]
+    return state
+
+
+async def test_a_sync_with_nothing_to_ship_ends_at_once_and_no_reply_leaves_past_the_lease(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """A gated write's reply whose frames went with the batch before is released only under
+    a good lease: the sync asked for after that batch has nothing to ship, ends in the step
+    it is taken (not after a batch of its own, which could end past the lease)."""
+    create(pg_conninfo, 8)
+    clock = Clock()
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=clock)
+    state = hanging(a)
+    released: list[tuple[Any, bool]] = []  # (what, whether the lease was good then)
+    failed: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
+        db = await opened(a, "c")
+        await db.sync()
+
+        def release(item: Any, result: Any) -> None:
+            released.append((item, a.keeper.lease_for(db.partition) is not None))
+
+        gate = Gate(db, nursery.start_soon, release, print, failed.append)
+        state["hang"] = True
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        gate.write()  # its sync waits for the next batch
+        db.conn.execute("INSERT INTO t VALUES (2)")
+        gate.write()  # the gate's sync runs: this one is asked for after it
+        gate.hold("reply", outcome.Value(None))
+        await trio.sleep(0.02)  # the batch took both rows and hangs
+        go, state["go"] = state["go"], trio.Event()
+        go.set()  # it ends; the next sync has nothing to ship
+        await trio.sleep(0.02)
+        clock.now += SETTINGS.ttl
+        state["go"].set()
+        await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert released == [("reply", True)] and not failed
+
+
+async def test_a_sync_with_nothing_to_ship_does_not_fail_with_a_batch(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """A sync that has nothing to ship is not in a batch, so a batch that fails (its outcome
+    unknown) does not take the database's local file, plain writes and all, with it."""
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    real = a.in_commit_thread
+    fail = False
+
+    async def failing(fn: Callable[[], Any]) -> Any:
+        if fail:
+            raise OSError("injected: the store did not answer")
+        return await real(fn)
+
+    a.in_commit_thread = failing  # type: ignore[method-assign]
+    failed: list[BaseException] = []
+    ran: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        db = await opened(a, "c")
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        await db.sync()
+        gate = Gate(db, nursery.start_soon, print, print, failed.append)
+        fail = True
+        gate.after(lambda: ran.append(1))  # nothing new to ship
+        await trio.sleep(0.05)
+        assert ran == [1] and not failed
+        fail = False
+        db.conn.execute("INSERT INTO t VALUES (2)")
+        await db.sync()  # the database goes on
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_callback_at_a_leases_end_does_not_stop_the_storage(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Ending a sync past its lease tells the gate, which tells the host: an error there is
+    logged, and the storage (every other actor's commits) goes on."""
+    create(pg_conninfo, 8)
+    clock = Clock()
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=clock)
+    state = hanging(a)
+
+    def boom(exc: BaseException) -> None:
+        raise RuntimeError("injected: a bug in the host's bookkeeping")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
+        db = await opened(a, "c")
+        await db.sync()
+        gate = Gate(db, nursery.start_soon, print, print, boom)
+        state["hang"] = True
+        db.conn.execute("INSERT INTO t VALUES (1)")
+        gate.write()
+        await trio.sleep(0.05)
+        clock.now += SETTINGS.ttl
+        await trio.sleep(3 * SETTINGS.every)  # the storage ended the sync meanwhile
+        assert gate.failed is not None
+        state["go"].set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_syncs_waiting_in_the_committer_end_when_the_storage_stops(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """Cancelled with a batch in flight (the simulator's store calls are cancellable): the
+    syncs asked for meanwhile end too, so that nothing waits for them (an actor's next open,
+    its gate's waiters)."""
+    create(pg_conninfo, 8)
+    store = ClusterStore(pg_conninfo, "a", clock=time.monotonic)
+    slow = False
+
+    async def run_store(fn: Callable[[], Any]) -> Any:
+        if slow:
+            await trio.sleep(0.5)
+        return fn()
+
+    a = ClusterStorage(
+        tmp_path / "a", store, LeaseKeeper(store, SETTINGS, time.monotonic), run_store=run_store
+    )
+    failed: dict[str, list[BaseException]] = {"c": [], "d": []}
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            c, d = await opened(a, "c"), await opened(a, "d")
+            await c.sync()
+            await d.sync()
+            gates = {
+                n: Gate(db, outer.start_soon, print, print, failed[n].append)
+                for n, db in (("c", c), ("d", d))
+            }
+            slow = True
+            c.conn.execute("INSERT INTO t VALUES (1)")
+            gates["c"].write()
+            await trio.sleep(0.05)  # c's batch in flight
+            d.conn.execute("INSERT INTO t VALUES (1)")
+            gates["d"].write()  # d's waits for the next
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert failed["c"] and failed["d"]
+        assert not gates["c"].syncing and not gates["d"].syncing
+        outer.cancel_scope.cancel()

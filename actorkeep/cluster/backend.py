@@ -362,7 +362,11 @@ class ClusterStorage:
                 lease = keeper.lease_for(db.partition)
                 if lease is None or lease.epoch != db.epoch:
                     self._sending.discard(db)  # still syncing until its batch ends
-                    db.lease_ran_out()
+                    try:
+                        db.lease_ran_out()
+                    except Exception as exc:  # one actor's bookkeeping: never the others'
+                        log.error("a sync past its lease could not be ended",
+                                  address=db.address, error=repr(exc))  # fmt: skip
 
     def syncing(self, address: str, partition: int, delta: int) -> None:
         """A commit of ``address`` (of ``partition``) begins (+1) or ends (-1)."""

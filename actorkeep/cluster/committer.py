@@ -40,11 +40,20 @@ class AlarmChanges(Protocol):
     def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None: ...
 
 
+class Nothing:
+    """What a ``Source`` takes when it has nothing to commit and waits for no batch: the
+    committer ends it at once (``NOTHING``)."""
+
+
+NOTHING = Nothing()
+
+
 class Source(Protocol):
     """Where a batch takes a write from as it starts (``Committer.submit_source``)."""
 
-    def take(self) -> Write | None:
-        """The write to commit in this batch (None: nothing); raising fails it alone."""
+    def take(self) -> Write | Nothing | None:
+        """The write to commit in this batch; None: nothing, but end after the batch (its
+        alarm changes); ``NOTHING``: nothing, end now. Raising fails it alone."""
         ...
 
     def ended(self, result: outcome.Outcome[None]) -> None:
@@ -125,13 +134,25 @@ class Committer:
     async def _drain(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                asked, self._pending = self._pending, []
+                batch: list[Source] = []
                 taken: list[Write | Exception | None] = []
-                for source in batch:
+                ended_now: list[Source] = []
+                for source in asked:
+                    write: Write | Nothing | Exception | None
                     try:
-                        taken.append(source.take())
+                        write = source.take()
                     except Exception as exc:
-                        taken.append(exc)
+                        write = exc
+                    if isinstance(write, Nothing):
+                        ended_now.append(source)
+                    else:
+                        batch.append(source)
+                        taken.append(write)
+                for source in ended_now:  # may ask again: for the next batch
+                    _end(source, outcome.Value(None))
+                if not batch:
+                    continue
                 writes = [w for w in taken if isinstance(w, Write)]
                 changes = self._alarms.take()
                 try:
@@ -144,6 +165,9 @@ class Committer:
                     for source in batch:  # an outcome is unwrapped once: one each
                         _end(source, outcome.Error(_as_error(exc)))
                     if not isinstance(exc, Exception):
+                        waiting, self._pending = self._pending, []
+                        for source in waiting:  # asked for meanwhile: never sent
+                            _end(source, outcome.Error(HostClosed("the host closed")))
                         raise
                     continue
                 if unknown is not None:

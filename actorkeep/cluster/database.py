@@ -15,7 +15,7 @@ import trio
 
 from ..errors import HostClosed, OutcomeUnknown, Overloaded
 from ..runtime.storage import FileDatabase
-from .committer import Committer, Ticket
+from .committer import NOTHING, Committer, Nothing, Ticket
 from .connections import NotSent
 from .keeper import LeaseKeeper
 from .records import Fenced, Store, Write
@@ -122,7 +122,7 @@ class ClusterDatabase:
         self._replica = replica
         self._image = image  # the first image of an actor new to the cluster, not sent yet
         # A semaphore, not a lock: a sync the committer runs (``start_sync``) ends in its task.
-        self._one_at_a_time = trio.Semaphore(1)
+        self._one_at_a_time = trio.Semaphore(1, max_value=1)
         self._done: Callable[[BaseException | None], None] | None = None  # of ``start_sync``
         self._again = False  # ``take`` left the sync to ``sync``
         self._wrote = False  # ``take`` shipped frames
@@ -185,27 +185,33 @@ class ClusterDatabase:
             return False
         return True
 
-    def take(self) -> Write | None:
-        """The committer's batch starts: the frames committed since the last ship. Closed
-        meanwhile, or the lease not good now: nothing; the sync is done again by ``sync``
-        (which waits for the close's commit, or the renewal, or says why not)."""
+    def take(self) -> Write | Nothing:
+        """The committer's batch starts: the frames committed since the last ship. None
+        new (what the sync covers is in the store already, since one write of the database
+        is in the committer at a time), closed meanwhile, or the lease not good now:
+        ``NOTHING``, and the committer ends the sync at once, out of the batch; in the last
+        two cases it is done again by ``sync`` (which waits for the close's commit or the
+        renewal, or says why not)."""
         lease = self._storage.keeper.lease_for(self.partition)
         if self._shut or self._failed is not None or lease is None or lease.epoch != self.epoch:
             self._again = True
-            return None
+            return NOTHING
         write = self._replica.ship(self.epoch)
         self._wrote = write is not None
-        return write
+        return NOTHING if write is None else write
 
     def ended(self, result: outcome.Outcome[None]) -> None:
-        """The committer's batch ended (``take`` for how it began)."""
+        """The sync ended: its batch, or at once if ``take`` found nothing to commit."""
         storage, done = self._storage, self._done
         self._done = None
         error = result.error if isinstance(result, outcome.Error) else None
-        if done is not None and error is None and self._wrote:
+        if done is not None and error is None and not self._again:
             lease = storage.keeper.lease_for(self.partition)
             if lease is None or lease.epoch != self.epoch:  # no reply may leave now
-                error = self._outlasted()
+                if self._wrote:
+                    error = self._outlasted()
+                else:
+                    self._again = True  # nothing was sent: ``sync`` waits for the renewal
         if done is not None and error is not None:
             self._failed = error
             storage.forget(self.address)  # the local file is unknown: restore it next time
@@ -216,7 +222,10 @@ class ClusterDatabase:
         if error is not None:
             done(_sync_error(self.address, error))
         elif self._again:
-            storage.spawn(partial(self._sync_then, done))
+            try:
+                storage.spawn(partial(self._sync_then, done))
+            except RuntimeError:  # the storage stops: nobody runs the sync now
+                done(HostClosed("the host closed during a sync"))
         else:
             if self._wrote:
                 storage.committed(self)
