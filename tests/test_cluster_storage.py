@@ -514,6 +514,21 @@ async def test_writes_that_could_not_reach_the_store_are_refused_not_unknown(
         nursery.cancel_scope.cancel()
 
 
+def failing(storage: ClusterStorage) -> dict[str, bool]:
+    """Make ``storage``'s commits fail before they reach the store while ``state["fail"]``
+    (the runner fails: their outcome is unknown)."""
+    real = storage.in_commit_thread
+    state = {"fail": False}
+
+    async def run(fn: Callable[[], Any]) -> Any:
+        if state["fail"]:
+            raise OSError("injected: the store did not answer")
+        return await real(fn)
+
+    storage.in_commit_thread = run  # type: ignore[method-assign]
+    return state
+
+
 def committed_soon(storage: ClusterStorage) -> list[Any]:
     """The databases whose syncs go through ``storage``'s committer (``commit_soon``), in
     order, from now on."""
@@ -598,16 +613,7 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
     create(pg_conninfo, 8)
     clock = Clock()
     a = cluster_storage(pg_conninfo, tmp_path / "a", "a", clock=clock)
-    real = a.in_commit_thread
-    hang = False
-    go = trio.Event()
-
-    async def cut_off(fn: Callable[[], Any]) -> Any:
-        if hang:
-            await go.wait()
-        return await real(fn)
-
-    a.in_commit_thread = cut_off  # type: ignore[method-assign]
+    cut_off = hanging(a)
     through_committer = committed_soon(a)
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
@@ -615,7 +621,7 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
             assert (await call(t, "put", key="k", value="before")).status == 200
             a.keeper.tick = lambda: None  # type: ignore[method-assign]  # no more renewals
             through_committer.clear()
-            hang = True
+            cut_off["hang"] = True
             answers: list[Any] = []
             answered = trio.Event()
 
@@ -630,7 +636,7 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
             clock.now += SETTINGS.ttl  # ...when the lease runs out by this host's clock
             with trio.fail_after(2):  # 0.5 s here
                 await answered.wait()
-            assert not go.is_set()
+            assert not cut_off["go"].is_set()
             assert answers[0].status == 503 and b"OutcomeUnknown" in answers[0].body
             [shard] = {db.address for db in through_committer if db.address.startswith("kv/")}
             reopened = trio.Event()
@@ -643,7 +649,7 @@ async def test_a_sync_in_the_committer_fails_when_the_lease_runs_out_not_when_th
             nursery.start_soon(reopen)
             await trio.sleep(0.1)
             assert not reopened.is_set()  # the actor's next open waits for the commit's end
-            go.set()
+            cut_off["go"].set()
             with trio.fail_after(2):
                 await reopened.wait()
         nursery.cancel_scope.cancel()
@@ -657,15 +663,7 @@ async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
     the one that may be missing; its next open restores what the store has."""
     create(pg_conninfo, 8)
     a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
-    real = a.in_commit_thread
-    fail = False
-
-    async def failing(fn: Callable[[], Any]) -> Any:
-        if fail:
-            raise OSError("injected: the store did not answer")
-        return await real(fn)
-
-    a.in_commit_thread = failing  # type: ignore[method-assign]
+    commits = failing(a)
     through_committer = committed_soon(a)
     failed: list[BaseException] = []
     async with trio.open_nursery() as nursery:
@@ -674,14 +672,14 @@ async def test_after_a_sync_in_the_committer_failed_the_database_syncs_no_more(
         db.conn.execute("INSERT INTO t VALUES (1)")
         await db.sync()
         gate = Gate(db, nursery.start_soon, print, print, failed.append)
-        fail = True
+        commits["fail"] = True
         db.conn.execute("INSERT INTO t VALUES (2)")
         gate.write()
         assert through_committer == [db]
         with pytest.raises(OutcomeUnknown, match="may be durable"):
             await gate.wait()
         assert len(failed) == 1
-        fail = False
+        commits["fail"] = False
         db.conn.execute("INSERT INTO t VALUES (3)")
         with pytest.raises(NotServedHere):
             await db.sync()  # the store works again, but this database is done
@@ -752,15 +750,7 @@ async def test_a_sync_with_nothing_to_ship_does_not_fail_with_a_batch(
     unknown) does not take the database's local file, plain writes and all, with it."""
     create(pg_conninfo, 8)
     a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
-    real = a.in_commit_thread
-    fail = False
-
-    async def failing(fn: Callable[[], Any]) -> Any:
-        if fail:
-            raise OSError("injected: the store did not answer")
-        return await real(fn)
-
-    a.in_commit_thread = failing  # type: ignore[method-assign]
+    commits = failing(a)
     failed: list[BaseException] = []
     ran: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -769,11 +759,11 @@ async def test_a_sync_with_nothing_to_ship_does_not_fail_with_a_batch(
         db.conn.execute("INSERT INTO t VALUES (1)")
         await db.sync()
         gate = Gate(db, nursery.start_soon, print, print, failed.append)
-        fail = True
+        commits["fail"] = True
         gate.after(lambda: ran.append(1))  # nothing new to ship
         await trio.sleep(0.05)
         assert ran == [1] and not failed
-        fail = False
+        commits["fail"] = False
         db.conn.execute("INSERT INTO t VALUES (2)")
         await db.sync()  # the database goes on
         nursery.cancel_scope.cancel()
