@@ -47,6 +47,7 @@ from .keeper import LeaseKeeper
 from .partitions import partition_of
 from .records import Fenced, Store, StoreError, Write
 from .replica import Replica, compact, held
+from .syncs import SyncsInFlight
 
 __all__ = ["ClusterDatabase", "ClusterStorage", "NotServedHere", "StoreUnreachable"]
 
@@ -90,10 +91,8 @@ class ClusterStorage:
         self._nursery: trio.Nursery | None = None
         self._refreshing = False
         self._open: dict[str, ClusterDatabase] = {}  # by address
-        self._syncs: dict[str, int] = {}  # syncs running, by address (of open or closed ones)
-        self._sending: set[ClusterDatabase] = set()  # syncs in the committer (``commit_soon``)
-        self._sends_waiting = trio.Event()
-        self._synced: dict[str, trio.Event] = {}
+        #: The commits running, by address (of open or closed databases).
+        self.syncs = SyncsInFlight(keeper)
         # The store's own threads: the host closes its storage (and so the files' threads)
         # before run() hands the leases over. The commits have one of their own, so that they
         # never queue behind control calls that wait (restores' loads, a renewal's lock).
@@ -133,7 +132,7 @@ class ClusterStorage:
             )
             self._committer = committer
             self._nursery = nursery
-            nursery.start_soon(self._end_syncs_past_their_lease)
+            nursery.start_soon(self.syncs.end_those_past_their_lease)
             await self.in_thread(self.keeper.tick)
             await self._follow_leases(nursery)
             task_status.started()
@@ -239,7 +238,7 @@ class ClusterStorage:
             self.forget(address)
             db.close_commit_ended(NotServedHere(address))
             return
-        self.syncing(address, db.partition, +1)
+        self.syncs.change(address, db.partition, +1)
 
         async def commit() -> None:
             try:
@@ -252,7 +251,7 @@ class ClusterStorage:
                 log.warning("a closed actor's last writes were not committed",
                             address=address, error=repr(exc))  # fmt: skip
             finally:
-                self.syncing(address, db.partition, -1)
+                self.syncs.change(address, db.partition, -1)
 
         nursery.start_soon(commit)
 
@@ -262,7 +261,7 @@ class ClusterStorage:
         nursery = self._nursery
         if nursery is None:
             return
-        self.syncing(address, partition, +1)
+        self.syncs.change(address, partition, +1)
 
         async def wait() -> None:
             try:
@@ -270,7 +269,7 @@ class ClusterStorage:
             except Exception:  # its outcome no longer matters: the actor is restored after
                 pass
             finally:
-                self.syncing(address, partition, -1)
+                self.syncs.change(address, partition, -1)
 
         nursery.start_soon(wait)
 
@@ -283,8 +282,7 @@ class ClusterStorage:
         """Until the commits of closed databases have ended (a planned stop waits for them
         before it hands the partitions over), or ``timeout``."""
         with trio.move_on_after(timeout):
-            while self._synced:
-                await next(iter(self._synced.values())).wait()
+            await self.syncs.all_ended()
 
     async def _follow_leases(self, nursery: trio.Nursery) -> None:
         """After a tick: the alarm index of partitions taken is loaded (their due alarms fire),
@@ -323,63 +321,20 @@ class ClusterStorage:
         self._restored.pop(address, None)
 
     def commit_soon(self, db: ClusterDatabase) -> bool:
-        """``db``'s sync goes in the committer's next batch (``ClusterDatabase.start_sync``);
-        False if the commits do not run."""
+        """``db``'s sync goes in the committer's next batch (``ClusterDatabase.start_sync``)
+        until ``syncs.sent(db)``; False if the commits do not run."""
         committer = self._committer
         if committer is None or self._nursery is None:
             return False
-        self.syncing(db.address, db.partition, +1)
-        if not self._sending:
-            self._sends_waiting.set()
-        self._sending.add(db)
+        self.syncs.sending(db)
         committer.submit_source(db)
         return True
-
-    def sent(self, db: ClusterDatabase) -> None:
-        """The batch that had ``db``'s sync ended (``commit_soon``)."""
-        self._sending.discard(db)
-        self.syncing(db.address, db.partition, -1)
 
     def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Start ``fn()`` beside the commits (``run``'s nursery)."""
         if self._nursery is None:
             raise RuntimeError("ClusterStorage.run() is not running")
         self._nursery.start_soon(fn)
-
-    async def _end_syncs_past_their_lease(self) -> None:
-        """A sync in the committer whose partition's lease runs out by this host's clock
-        fails then (``ClusterDatabase.lease_ran_out``), not when the store's connection
-        times out (a host cut off from it). Looks again at least every tick's interval."""
-        while True:
-            if not self._sending:
-                self._sends_waiting = trio.Event()
-                await self._sends_waiting.wait()
-                continue
-            keeper = self.keeper
-            wait = min(keeper.remaining(db.partition) for db in self._sending)
-            await trio.sleep(min(wait, keeper.settings.every))
-            for db in list(self._sending):
-                lease = keeper.lease_for(db.partition)
-                if lease is None or lease.epoch != db.epoch:
-                    self._sending.discard(db)  # still syncing until its batch ends
-                    try:
-                        db.lease_ran_out()
-                    except Exception as exc:  # one actor's bookkeeping: never the others'
-                        log.error("a sync past its lease could not be ended",
-                                  address=db.address, error=repr(exc))  # fmt: skip
-
-    def syncing(self, address: str, partition: int, delta: int) -> None:
-        """A commit of ``address`` (of ``partition``) begins (+1) or ends (-1)."""
-        self.keeper.working(partition, delta)
-        n = self._syncs.get(address, 0) + delta
-        if n:
-            self._syncs[address] = n
-            self._synced.setdefault(address, trio.Event())
-        else:
-            self._syncs.pop(address, None)
-            event = self._synced.pop(address, None)
-            if event is not None:
-                event.set()
 
     def database_closed(self, db: ClusterDatabase) -> None:
         if self._open.get(db.address) is db:
@@ -407,8 +362,7 @@ class ClusterStorage:
         while (old := self._open.get(address)) is not None:
             await old.closed.wait()
         await self.files.ready(class_name, name)
-        while (done := self._synced.get(address)) is not None:
-            await done.wait()  # a closed database's commit in flight: restore after its end
+        await self.syncs.ended(address)  # a closed database's commit: restore after its end
         address, _, epoch = self._lease(class_name, name)
         if self._restored.get(address) == epoch:
             return
@@ -478,8 +432,7 @@ class ClusterStorage:
         while (old := self._open.get(address)) is not None:
             await old.closed.wait()
         await self.files.ready(class_name, name)
-        while (done := self._synced.get(address)) is not None:
-            await done.wait()
+        await self.syncs.ended(address)
         if address in self._compacting:  # its image is being written: it would come back
             raise RemoteError(409, "Busy", f"{address} is being compacted: try again")
         try:

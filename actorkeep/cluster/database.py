@@ -20,6 +20,7 @@ from .connections import NotSent
 from .keeper import LeaseKeeper
 from .records import Fenced, Store, Write
 from .replica import Replica
+from .syncs import SyncsInFlight
 
 log = structlog.get_logger("actorkeep")
 
@@ -71,6 +72,7 @@ class Owner(Protocol):
 
     keeper: LeaseKeeper
     store: Store
+    syncs: SyncsInFlight
 
     @property
     def committer(self) -> Committer: ...
@@ -79,11 +81,7 @@ class Owner(Protocol):
 
     def until_renewed(self, partition: int) -> Awaitable[None]: ...
 
-    def syncing(self, address: str, partition: int, delta: int) -> None: ...
-
     def commit_soon(self, db: ClusterDatabase) -> bool: ...
-
-    def sent(self, db: ClusterDatabase) -> None: ...
 
     def spawn(self, fn: Callable[[], Awaitable[None]]) -> None: ...
 
@@ -216,7 +214,7 @@ class ClusterDatabase:
             self._failed = error
             storage.forget(self.address)  # the local file is unknown: restore it next time
         self._one_at_a_time.release()
-        storage.sent(self)
+        storage.syncs.sent(self)
         if done is None:  # ended already: the lease ran out first (``lease_ran_out``)
             return
         if error is not None:
@@ -279,7 +277,7 @@ class ClusterDatabase:
         storage = self._storage
         if self._failed is not None:
             raise NotServedHere(self.address) from self._failed
-        storage.syncing(self.address, self.partition, +1)
+        storage.syncs.change(self.address, self.partition, +1)
         try:
             await storage.until_renewed(self.partition)
             lease = storage.keeper.lease_for(self.partition)
@@ -310,7 +308,7 @@ class ClusterDatabase:
                 raise
             raise error from exc
         finally:
-            storage.syncing(self.address, self.partition, -1)
+            storage.syncs.change(self.address, self.partition, -1)
 
     async def _send_first_image(self) -> None:
         """An actor new to the cluster: its image goes first, as batch 0 (fenced)."""
