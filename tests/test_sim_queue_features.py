@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sim.queues.features import make_app
+from sim.history import History, Status
+from sim.queues.features import BURST, RATE, check_features, make_app
 from sim.scenarios import run_seed
 from sim.world import Stuck, World
 
@@ -68,3 +69,21 @@ def test_a_world_past_its_time_limit_is_stuck() -> None:
         await trio.sleep(29.0)
 
     world.run(quick)
+
+
+@pytest.mark.parametrize("configured", ["ok", "unknown"])
+def test_the_rate_check_holds_the_rate_only_from_an_acknowledged_configure(
+    configured: Status,
+) -> None:
+    """A configure whose outcome is unknown may never have landed (a store unreachable at the
+    setup's restore): leases past the rate after it are no violation; after one acknowledged,
+    they are."""
+    history = History()
+    setup = history.invoke("setup", "feature.configure", {"config": {"rate": RATE}}, 0, 0.0)
+    history.complete(setup, configured, None if configured == "ok" else "503", 0.01)
+    too_many = BURST + 10
+    lease = history.invoke("w0", "feature.lease", {"max": too_many, "visibility": 1.0}, 0, 0.1)
+    handed = [[i, 1, b"", None, None] for i in range(too_many)]
+    history.complete(lease, "ok", handed, 0.11)
+    found = [v.invariant for v in check_features(history)]
+    assert found == (["rate"] if configured == "ok" else [])
