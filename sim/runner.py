@@ -113,6 +113,8 @@ def run_seed(
     idle_timeout = rng.choice(IDLE_TIMEOUTS)
     cluster_bug: dict[str, Any] = {}
     if bug is not None and bug not in scenario.bugs:
+        from actorkeep.cluster.committer import Committer
+
         from .cluster import CLUSTER_BUGS
         from .cluster.observers import ObservedKeeper, ObservedRouter
 
@@ -124,6 +126,7 @@ def run_seed(
         kind = (
             "router_class" if issubclass(cls, ObservedRouter)
             else "keeper_class" if issubclass(cls, ObservedKeeper)
+            else "committer_class" if issubclass(cls, Committer)
             else "store_class"
         )  # fmt: skip
         cluster_bug = {kind: cls}

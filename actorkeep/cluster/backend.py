@@ -73,6 +73,8 @@ class ClusterStorage:
         run_store: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None,
         files_in_thread: bool = True,
     ) -> None:
+        #: What runs the group commits (a test's or the simulator's subclass may stand in).
+        self.committer_class: type[Committer] = Committer
         self.files = FileStorage(root, in_thread=files_in_thread)
         self.store = store
         self.keeper = keeper
@@ -127,7 +129,7 @@ class ClusterStorage:
         """Keep the leases (a tick every ``ttl / 3``) and run the group commits, until
         cancelled; a planned stop hands the partitions over."""
         async with trio.open_nursery() as nursery:
-            committer = Committer(
+            committer = self.committer_class(
                 self.store, self.in_commit_thread, nursery.start_soon, self.alarms
             )
             self._committer = committer

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from actorkeep.cluster.records import Lease
+import outcome
+
+from actorkeep.cluster.committer import Committer, Nothing, Source
+from actorkeep.cluster.records import Lease, Write
 
 from .observers import ObservedKeeper, ObservedRouter, ObservedStore
 
@@ -100,10 +103,42 @@ class HandsOverAtOnce(ObservedKeeper):
         super().tick()
 
 
-#: name -> the store's or the router's class with the bug (``--bug NAME --cluster``).
-CLUSTER_BUGS: dict[str, type[ObservedStore] | type[ObservedKeeper] | type[ObservedRouter]] = {
+class EndsBeforeItCommits(Committer):
+    """A group commit that tells each actor its write is in the store as the batch takes the
+    frames, before the store has them: the replies the actor's output gate held leave, and a
+    host that dies before the batch lands loses writes it acknowledged as durable."""
+
+    def submit_source(self, source: Source) -> None:
+        super().submit_source(_EndedAtTake(source))
+
+
+class _EndedAtTake:
+    """A source whose write ends (successfully) the moment the batch takes it."""
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        self._ended = False
+
+    def take(self) -> Write | Nothing | None:
+        write = self._source.take()
+        if isinstance(write, Write):
+            self._ended = True
+            self._source.ended(outcome.Value(None))
+        return write
+
+    def ended(self, result: outcome.Outcome[None]) -> None:
+        if not self._ended:
+            self._source.ended(result)
+
+
+#: name -> the class with the bug (``--bug NAME --cluster``): the store's, the keeper's, the
+#: router's or the group commit's.
+CLUSTER_BUGS: dict[
+    str, type[ObservedStore] | type[ObservedKeeper] | type[ObservedRouter] | type[Committer]
+] = {
     "skips-epoch-check": SkipsTheEpochCheck,
     "early-takeover": TakesOverEarly,
     "no-margin": ServesWithoutMargin,
     "trusts-open-actor": TrustsWhatItHasOpen,
+    "ends-before-commit": EndsBeforeItCommits,
 }

@@ -38,6 +38,7 @@ import trio
 
 from actorkeep.app import App
 from actorkeep.cluster.backend import ClusterStorage
+from actorkeep.cluster.committer import Committer
 from actorkeep.cluster.keeper import LeaseSettings
 from actorkeep.cluster.partitions import partition_of
 from actorkeep.cluster.peers import Peers, serve_connection
@@ -129,6 +130,7 @@ class ClusterWorld(World):
         router_class: type[ObservedRouter] | None = None,
         store_class: type[ObservedStore] | None = None,
         keeper_class: type[ObservedKeeper] | None = None,
+        committer_class: type[Committer] | None = None,
     ) -> None:
         self._last_started: Incarnation | None = None
         super().__init__(app, seed, faults=faults, anchor=anchor, host_options=host_options)
@@ -138,6 +140,8 @@ class ClusterWorld(World):
         self.store_class = ObservedStore if store_class is None else store_class
         #: The hosts' lease keeper (a planted bug's, in the checkers' own tests).
         self.keeper_class = ObservedKeeper if keeper_class is None else keeper_class
+        #: The hosts' group commit (a planted bug's, in the checkers' own tests).
+        self.committer_class = Committer if committer_class is None else committer_class
         if not 1 <= hosts <= 16:
             raise ValueError("a simulated cluster has 1 to 16 hosts")
         self.machines = hosts
@@ -229,6 +233,7 @@ class ClusterWorld(World):
             world=self,
         )
         storage.number = n
+        storage.committer_class = self.committer_class
         peers = Peers(store.secret, connect=self.net.connector(name), nonce=self._nonce(n))
         made: list[ObservedRouter] = []
 
