@@ -106,7 +106,9 @@ class HandsOverAtOnce(ObservedKeeper):
 class EndsBeforeItCommits(Committer):
     """A group commit that tells each actor its write is in the store as the batch takes the
     frames, before the store has them: the replies the actor's output gate held leave, and a
-    host that dies before the batch lands loses writes it acknowledged as durable."""
+    batch that then fails (the store failing over, the host dying) loses writes acknowledged
+    as durable. Ended early, an actor's next write may also join a batch before the last one
+    landed: out of order, its restore finds the store's batches damaged."""
 
     def submit_source(self, source: Source) -> None:
         super().submit_source(_EndedAtTake(source))
