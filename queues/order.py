@@ -24,17 +24,21 @@ _FIRST = (
 )
 #: What a lease reads of each message it takes.
 _COLUMNS = "id, attempts, body, enqueued_at, key, grp"
+#: Never leased: a message past its expiry or out of attempts (the queue's, ``?``, or its
+#: own), which a sweep capped at ``SWEEP_BATCH`` may have left for the next.
+_LIVE = "AND (expires_at IS NULL OR expires_at > ?) AND attempts < COALESCE(max_attempts, ?)"
 #: The visible messages of one priority, in lease order: a range of the index. (With an index
 #: on (blocked, visible_at) beside it, SQLite's planner once took that one and sorted every
 #: visible message at each lease; tests/test_queue_features.py checks the plan.)
 LEASE_SQL = (
     f"SELECT {_COLUMNS} FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
-    "WHERE blocked = 0 AND priority = ? AND visible_at <= ? ORDER BY visible_at, id LIMIT ?"
+    f"WHERE blocked = 0 AND priority = ? AND visible_at <= ? {_LIVE} "
+    "ORDER BY visible_at, id LIMIT ?"
 )
 #: Past ``SEEKS`` priorities: the rest of the index, read in its order.
 _LEASE_BELOW = (
     f"SELECT {_COLUMNS} FROM actorkeep_queue INDEXED BY actorkeep_queue_heads "
-    "WHERE blocked = 0 AND priority <= ? AND visible_at <= ? "
+    f"WHERE blocked = 0 AND priority <= ? AND visible_at <= ? {_LIVE} "
     "ORDER BY priority DESC, visible_at, id LIMIT ?"
 )
 #: Priorities sought one by one; past them, the index is read in order.
@@ -58,17 +62,19 @@ def _first_of_each_priority(sql: Sql) -> Iterator[tuple[int, float | None]]:
     yield priority, None
 
 
-def leasable(sql: Sql, now: float, n: int) -> list[Any]:
-    """Up to ``n`` messages a lease at ``now`` takes, in lease order:
-    ``(id, attempts, body, enqueued_at, key, grp)`` each."""
+def leasable(sql: Sql, now: float, n: int, max_attempts: int) -> list[Any]:
+    """Up to ``n`` messages a lease at ``now`` takes, in lease order, none expired or out of
+    attempts (``max_attempts``: the queue's): ``(id, attempts, body, enqueued_at, key, grp)``
+    each."""
     rows: list[Any] = []
     if n <= 0:
         return rows
     for priority, first in _first_of_each_priority(sql):
+        params = (priority, now, now, max_attempts, n - len(rows))
         if first is None:
-            rows += sql.exec(_LEASE_BELOW, (priority, now, n - len(rows))).fetchall()
+            rows += sql.exec(_LEASE_BELOW, params).fetchall()
         elif first <= now:
-            rows += sql.exec(LEASE_SQL, (priority, now, n - len(rows))).fetchall()
+            rows += sql.exec(LEASE_SQL, params).fetchall()
         if len(rows) >= n:
             break
     return rows

@@ -79,6 +79,9 @@ def attempt_counts(sql: ak.Sql, least: int) -> Iterator[int]:
 #: range of the index of messages leased before (``attempts > 0`` lets SQLite use it).
 OUT_OF_ATTEMPTS = "attempts = ? AND attempts > 0 AND visible_at <= ? AND max_attempts IS NULL"
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
+#: Messages one sweep moves to the dead letters at most: 100,000 messages expiring together
+#: would otherwise hold the queue for seconds in one event (a log line each).
+SWEEP_BATCH = 500
 EXPIRED_REASON = "expired"
 #: A push queue keeps its alarm this many seconds after its last delivery, and alarms due
 #: within this many seconds are set without an fsync (``set_alarm(durable=False)``): a send to
@@ -414,7 +417,7 @@ class Queue(ak.Actor):
             self.sweep(now)
             if limits.limited(cfg):
                 n = limits.allowance(self.sql, cfg, now, n)
-            rows = leasable(self.sql, now, n)
+            rows = leasable(self.sql, now, n, cfg.max_attempts)
             if rows:
                 limits.spend(self.sql, cfg, now, len(rows))
                 update = (
@@ -537,22 +540,25 @@ class Queue(ak.Actor):
         now: float,
         error: str | None,
         force: bool = False,
+        limit: int = SWEEP_BATCH,
     ) -> int:
         """Move the messages matching ``where`` to the dead letters (inside a transaction),
-        with reason ``error`` (``force``: whatever error they recorded), and let the next
-        message of their groups go."""
+        at most ``limit`` of them, with reason ``error`` (``force``: whatever error they
+        recorded), and let the next message of their groups go; how many."""
         reason = "COALESCE(?, ?)" if force else "COALESCE(?, last_error, ?)"
         buried = self.sql.exec(
             "INSERT INTO actorkeep_queue_dead "
             "(id, body, enqueued_at, attempts, failed_at, reason, priority, key, grp, worker) "
             f"SELECT id, body, enqueued_at, attempts, ?, {reason}, priority, key, grp, worker "
-            f"FROM actorkeep_queue WHERE {where} RETURNING id, attempts, reason, grp",
-            (now, error, MAX_ATTEMPTS_REASON, *params),
+            f"FROM actorkeep_queue WHERE {where} LIMIT ? RETURNING id, attempts, reason, grp",
+            (now, error, MAX_ATTEMPTS_REASON, *params, limit),
         ).fetchall()
         if not buried:
             return 0
+        ids = [row[0] for row in buried]
         gone = self.sql.exec(
-            f"DELETE FROM actorkeep_queue WHERE {where} RETURNING id, grp, prev", params
+            f"DELETE FROM actorkeep_queue WHERE id IN ({_marks(len(ids))}) RETURNING id, grp, prev",
+            ids,
         ).fetchall()
         unlink(self.sql, now, gone)
         self.count_metric("queue.dead_letters", len(buried), label=self.address)
@@ -568,20 +574,27 @@ class Queue(ak.Actor):
 
     def sweep(self, now: float) -> None:
         """Inside a transaction: dead-letter messages past their expiry and visible messages
-        out of attempts (a lease that ran out on its last attempt included); drop dead letters
-        past retention and remembered keys past their window."""
+        out of attempts (a lease that ran out on its last attempt included), ``SWEEP_BATCH``
+        at most (the rest go at the next sweep, which the alarm runs at once, and no lease
+        takes them meanwhile); drop dead letters past retention and remembered keys past
+        their window."""
         cfg = self.cfg
-        self._bury(
+        left = SWEEP_BATCH - self._bury(
             "expires_at IS NOT NULL AND expires_at <= ?", (now,), now, EXPIRED_REASON, force=True
         )
-        for attempts in attempt_counts(self.sql, cfg.max_attempts):
-            self._bury(OUT_OF_ATTEMPTS, (attempts, now), now, None)
-        self._bury(
-            "max_attempts IS NOT NULL AND attempts >= max_attempts AND visible_at <= ?",
-            (now,),
-            now,
-            None,
-        )
+        if left > 0:
+            for attempts in attempt_counts(self.sql, cfg.max_attempts):
+                left -= self._bury(OUT_OF_ATTEMPTS, (attempts, now), now, None, limit=left)
+                if left <= 0:
+                    break
+        if left > 0:
+            self._bury(
+                "max_attempts IS NOT NULL AND attempts >= max_attempts AND visible_at <= ?",
+                (now,),
+                now,
+                None,
+                limit=left,
+            )
         self.sql.exec("DELETE FROM actorkeep_queue_keys WHERE until <= ?", (now,))
         if cfg.dead_retention is not None:
             self.sql.exec(

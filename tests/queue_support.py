@@ -1,7 +1,7 @@
 """The app and helpers the queue tests share.
 
 - ``queue``: ``queues.Queue``; ``guarded``: the same class, callable only by ``driver`` actors;
-  ``timed``: with recurring sends.
+  ``timed``: with recurring sends; ``counted``: ``CountingQueue``.
 - ``driver``: runs a test's coroutine function inside an actor event (``inside``), so that the
   test can use ``ak.queue.Client`` as an application would.
 - ``worker``: a push consumer (``@ak.queue.consumer``) whose behaviour a test sets per address;
@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
@@ -39,6 +39,24 @@ app.mount(
         ]
     },
 )
+
+
+class CountingQueue(queues.Queue):
+    """``queues.Queue``, recording how many messages each of its sweeps dead-lettered that
+    dead-lettered any (``swept``)."""
+
+    swept: ClassVar[list[int]] = []
+
+    def sweep(self, now: float) -> None:
+        count = "SELECT count(*) FROM actorkeep_queue_dead"
+        (before,) = self.sql.exec(count).fetchone()
+        super().sweep(now)
+        (after,) = self.sql.exec(count).fetchone()
+        if after > before:
+            CountingQueue.swept.append(after - before)
+
+
+app.mount(CountingQueue, "counted")
 
 Task = Callable[[ak.Actor], Awaitable[Any]]
 _tasks: dict[int, Task] = {}

@@ -23,6 +23,7 @@ from actorkeep.schedules import Timetable
 from actorkeep.testing import open_host
 from actorkeep.wire.queue import SEND, outcome_from_wire
 from tests.queue_support import (
+    CountingQueue,
     Remote,
     app,
     check_chains,
@@ -637,7 +638,7 @@ def test_the_queue_s_hot_statements_use_their_indexes() -> None:
 
     q = MemoryQueue()
     chained(q, [f"g{i % 1000}" for i in range(10_000)])
-    plan = q.plan(LEASE_SQL, (0, 5.0, 100))
+    plan = q.plan(LEASE_SQL, (0, 5.0, 5.0, 5, 100))
     assert "INDEX actorkeep_queue_heads (priority=? AND visible_at<?)" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
     # heads (what acks remove), then a message inside its group (what expiry may remove)
@@ -791,7 +792,7 @@ def test_a_lease_takes_the_visible_messages_in_lease_order(
     )
     visible = [(-p, v, i) for i, (p, v, b) in enumerate(rows, start=1) if not b and v <= now]
     expected = [i for _, _, i in sorted(visible)[:n]]
-    assert [r[0] for r in leasable(q, now, n)] == expected  # type: ignore[arg-type]
+    assert [r[0] for r in leasable(q, now, n, 5)] == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("waiting", ["delayed", "leased"])
@@ -815,7 +816,7 @@ def test_a_lease_costs_what_it_takes_not_what_waits(waiting: str) -> None:
     def cost(behind: int) -> int:
         q = queue(behind)
         found: list[Any] = []
-        steps = vm_steps(q, lambda: found.extend(leasable(q, 50.0, 100)))  # type: ignore[arg-type]
+        steps = vm_steps(q, lambda: found.extend(leasable(q, 50.0, 100, 5)))  # type: ignore[arg-type]
         assert [r[0] for r in found] == [1]
         return steps
 
@@ -836,7 +837,7 @@ def test_a_lease_past_its_seeks_reads_the_rest_of_the_index_in_order() -> None:
         [(2 * p + d, 1.0 + 99.0 * d, p) for p in range(200) for d in (0, 1)],
     )
     assert SEEKS < 150
-    assert [r[0] for r in leasable(q, 50.0, 150)] == [2 * p for p in range(199, 49, -1)]  # type: ignore[arg-type]
+    assert [r[0] for r in leasable(q, 50.0, 150, 5)] == [2 * p for p in range(199, 49, -1)]  # type: ignore[arg-type]
 
 
 def test_the_sweep_reads_the_messages_out_of_attempts_not_every_lease() -> None:
@@ -877,3 +878,47 @@ def test_the_sweep_reads_the_messages_out_of_attempts_not_every_lease() -> None:
     assert many <= few + 200, (few, many)
     plan = MemoryQueue().plan(f"DELETE FROM actorkeep_queue WHERE {OUT_OF_ATTEMPTS}", (5, 1.0))
     assert "INDEX actorkeep_queue_leased_before (attempts=? AND visible_at<?)" in plan, plan
+
+
+async def test_a_sweep_dead_letters_a_batch_at_a_time_and_the_alarm_runs_the_next_at_once(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Messages expiring together go to the dead letters ``SWEEP_BATCH`` an event, so that the
+    queue answers between; the alarm sweeps again at once until none is left."""
+    from queues.queue import SWEEP_BATCH
+
+    CountingQueue.swept.clear()
+    n = 2 * SWEEP_BATCH + 100
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "counted/q")
+        for size in (SWEEP_BATCH, SWEEP_BATCH, 100):
+            await q.send_batch([b"x"] * size, expires=10)
+        live = await q.send(b"live")
+        await trio.sleep(11)
+        assert CountingQueue.swept == [SWEEP_BATCH, SWEEP_BATCH, 100]
+        assert [x.id for x in await q.lease(max=10, visibility=5)] == [live]
+    dead = table_rows(data_dir, "actorkeep_queue_dead", "counted/q")
+    assert len(dead) == n and {row[5] for row in dead} == {"expired"}
+
+
+@pytest.mark.parametrize("priorities", [1, 70])
+def test_a_lease_never_takes_what_a_capped_sweep_left(priorities: int) -> None:
+    """Past its expiry or out of attempts (the queue's or its own), a visible message is never
+    leased, swept or not; ``priorities``: 70 present, the lease reads past its seeks."""
+    from queues.order import leasable
+
+    q = MemoryQueue()
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, priority, attempts, "
+        "expires_at, max_attempts) VALUES (?, x'00', 0, ?, ?, ?, ?, ?)",
+        [
+            (1, 0.0, 0, 0, 5.0, None),  # expired
+            (2, 0.0, 0, 5, None, None),  # out of the queue's 5 attempts
+            (3, 0.0, 0, 2, None, 2),  # out of its own 2
+            (4, 1.0, 0, 4, 20.0, None),
+            (5, 2.0, 0, 1, None, 3),
+        ]
+        # not visible, above: each priority a seek of its own
+        + [(10 + p, 99.0, p, 0, None, None) for p in range(1, priorities)],
+    )
+    assert [r[0] for r in leasable(q, 10.0, 10, 5)] == [4, 5]  # type: ignore[arg-type]
