@@ -380,14 +380,11 @@ class Queue(ak.Actor):
             # Arm before the insert: a crash between the two leaves an alarm with nothing to
             # do, never a message that waits for an alarm that was never set.
             await self.arm_by(due)
-        sent = insert(self.sql, now, bodies, delay, priority, opts, self._expire)
+        sent = insert(self.sql, now, bodies, delay, priority, opts, _SendSweeper(self))
         self.count_metric("queue.sent", sent.new, label=self.address)
         if sent.new < len(bodies):
             self.count_metric("queue.duplicates", len(bodies) - sent.new, label=self.address)
         return sent.ids
-
-    def _expire(self, id_: int) -> None:
-        self._bury("id = ?", (id_,), self.now(), EXPIRED_REASON, force=True)
 
     async def pull_lease(self, n: int, visibility: float, worker: str | None = None) -> list[Lease]:
         """Lease for a pull worker: durable before the lease names leave this event.
@@ -617,17 +614,18 @@ class Queue(ak.Actor):
             if ready is not None and ready <= now and limits.limited(cfg):
                 ready = limits.next_allowed(self.sql, cfg, now)  # held back by the limits
             times.append(ready)
-        else:
-            for attempts in attempt_counts(self.sql, cfg.max_attempts):
-                times += exec_(
-                    "SELECT MIN(visible_at) FROM actorkeep_queue "
-                    "WHERE attempts = ? AND attempts > 0 AND max_attempts IS NULL",
-                    (attempts,),
-                ).fetchone()
+        # Messages out of attempts are swept when their last lease ends, whatever the limits
+        # hold back (a capped sweep leaves some for the next event, due at once).
+        for attempts in attempt_counts(self.sql, cfg.max_attempts):
             times += exec_(
                 "SELECT MIN(visible_at) FROM actorkeep_queue "
-                "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts"
+                "WHERE attempts = ? AND attempts > 0 AND max_attempts IS NULL",
+                (attempts,),
             ).fetchone()
+        times += exec_(
+            "SELECT MIN(visible_at) FROM actorkeep_queue "
+            "WHERE max_attempts IS NOT NULL AND attempts >= max_attempts"
+        ).fetchone()
         times += exec_(
             "SELECT MIN(expires_at) FROM actorkeep_queue WHERE expires_at IS NOT NULL"
         ).fetchone()
@@ -735,9 +733,11 @@ class Queue(ak.Actor):
         """Sweep; push one batch to the consumer; set the alarm for the next due time."""
         cfg = self.cfg
         now = self.now()
-        self.sweep_now(now)
         pushed = False
-        if cfg.consumer is not None:
+        if cfg.consumer is None:
+            self.sweep_now(now)
+        else:
+            # The lease sweeps first, in its own transaction: one sweep an event.
             leases = self.lease(now, cfg.batch_size, cfg.visibility, worker=cfg.consumer)
             if leases:
                 await self._push(cfg.consumer, cfg.visibility, leases)
@@ -789,6 +789,21 @@ class Queue(ak.Actor):
         )
         retries: list[Outcome] = [Retry(x.id, x.attempt, None, failure[:MAX_ERROR]) for x in leases]
         self.settle(self.now(), retries)
+
+
+class _SendSweeper:
+    """What a send does with a message holding a key it matched whose time or attempts are
+    up, not swept yet (``sending.Sweeper``)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.max_attempts = queue.cfg.max_attempts
+
+    def expired(self, id_: int) -> None:
+        self.queue._bury("id = ?", (id_,), self.queue.now(), EXPIRED_REASON, force=True)
+
+    def out_of_attempts(self, id_: int) -> None:
+        self.queue._bury("id = ?", (id_,), self.queue.now(), None)
 
 
 __all__ = ["EXPIRED_REASON", "LINGER", "MAX_ATTEMPTS_REASON", "Queue", "backoff"]

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from actorkeep import Sql
 from actorkeep.wire.queue import OnDuplicate
@@ -61,6 +60,19 @@ class Sent:
     new: int
 
 
+class Sweeper(Protocol):
+    """How a send dead-letters a message holding a key it matched whose time or attempts are
+    up (the queue's sweep moves at most ``SWEEP_BATCH`` an event)."""
+
+    @property
+    def max_attempts(self) -> int:
+        """The queue's: a message without its own is out of attempts past it."""
+
+    def expired(self, id_: int) -> None: ...
+
+    def out_of_attempts(self, id_: int) -> None: ...
+
+
 def insert(
     sql: Sql,
     now: float,
@@ -68,10 +80,11 @@ def insert(
     delay: float,
     priority: int,
     opts: SendOptions,
-    expire: Callable[[int], None] | None = None,
+    sweeper: Sweeper | None = None,
 ) -> Sent:
     """Queue ``bodies`` in a gated write (the caller's transaction, if one is open).
-    ``expire(id)`` dead-letters a message whose key a send matched but whose time is up."""
+    ``sweeper`` dead-letters a message whose key a send matched but whose time or attempts are
+    up, which a sweep has not reached yet."""
     visible_at = now + delay
     expires_at = None if opts.expires is None else now + opts.expires
     extra = (expires_at, opts.max_attempts, opts.remember)
@@ -94,7 +107,7 @@ def insert(
             else:
                 return Sent(ids, len(rows))
         # One lookup of the batch's keys, then one INSERT.
-        found = _existing(sql, now, {k for k in keys if k is not None}, expire)
+        found = _existing(sql, now, {k for k in keys if k is not None}, sweeper)
         answers: list[int] = []  # per body: the id it answers, or -1 - i for new row i
         rows = []
         pending: dict[str, int] = {}  # key -> its new row in this batch
@@ -168,7 +181,7 @@ def _insert_rows(
 
 
 def _existing(
-    sql: Sql, now: float, keys: set[str], expire: Callable[[int], None] | None
+    sql: Sql, now: float, keys: set[str], sweeper: Sweeper | None
 ) -> dict[str, tuple[int, bool]]:
     """For each of ``keys`` a send answers without queueing a message: the id of the live
     message with that key and whether a replace may rewrite it (it is not leased), or the id
@@ -177,14 +190,19 @@ def _existing(
         return {}
     marks = ",".join("?" * len(keys))
     found: dict[str, tuple[int, bool]] = {}
-    for key, id_, leased, current, expires_at in sql.exec(
-        "SELECT key, id, leased, visible_at, expires_at FROM actorkeep_queue "
-        f"WHERE key IN ({marks})",
+    for key, id_, leased, current, expires_at, attempts, own_max in sql.exec(
+        "SELECT key, id, leased, visible_at, expires_at, attempts, max_attempts "
+        f"FROM actorkeep_queue WHERE key IN ({marks})",
         tuple(keys),
     ).fetchall():
-        if expires_at is not None and expires_at <= now and expire is not None:
-            expire(id_)  # expired, not swept yet: it holds its key no longer
-            continue
+        if sweeper is not None:
+            # Not swept yet, it holds its key no longer.
+            if expires_at is not None and expires_at <= now:
+                sweeper.expired(id_)
+                continue
+            if current <= now and attempts >= (own_max or sweeper.max_attempts):
+                sweeper.out_of_attempts(id_)
+                continue
         found[key] = (int(id_), not (leased and current > now))
     rest = tuple(keys - found.keys())
     if rest:
@@ -202,4 +220,4 @@ def _remembering(sql: Sql) -> bool:
     return sql.exec("SELECT 1 FROM actorkeep_queue_keys LIMIT 1").fetchone() is not None
 
 
-__all__ = ["PLAIN", "Row", "SendOptions", "Sent", "insert"]
+__all__ = ["PLAIN", "Row", "SendOptions", "Sent", "Sweeper", "insert"]

@@ -42,15 +42,15 @@ app.mount(
 
 
 class CountingQueue(queues.Queue):
-    """``queues.Queue``, recording how many messages each of its sweeps dead-lettered that
-    dead-lettered any (``swept``)."""
+    """``queues.Queue``, recording how many messages each of its alarm events dead-lettered
+    that dead-lettered any (``swept``)."""
 
     swept: ClassVar[list[int]] = []
 
-    def sweep(self, now: float) -> None:
+    async def alarm(self, info: ak.AlarmInfo) -> None:
         count = "SELECT count(*) FROM actorkeep_queue_dead"
         (before,) = self.sql.exec(count).fetchone()
-        super().sweep(now)
+        await super().alarm(info)
         (after,) = self.sql.exec(count).fetchone()
         if after > before:
             CountingQueue.swept.append(after - before)

@@ -603,6 +603,8 @@ class MemoryQueue:
             self.conn.execute(statement)
         self.statements: list[tuple[str, tuple[Any, ...]]] = []
 
+    in_transaction = True  # as inside an event's transaction: sends open none of their own
+
     def exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         self.statements.append((sql, params))
         return self.conn.execute(sql, params)
@@ -901,6 +903,33 @@ async def test_a_sweep_dead_letters_a_batch_at_a_time_and_the_alarm_runs_the_nex
     assert len(dead) == n and {row[5] for row in dead} == {"expired"}
 
 
+async def test_a_limited_push_queue_sweeps_a_batch_an_event_without_waiting_for_its_limits(
+    data_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Leases running out on their last attempt are swept ``SWEEP_BATCH`` an event (one sweep
+    per alarm event, the lease's), the next event at once, though the rate holds push back for
+    1,000 seconds."""
+    from queues.queue import SWEEP_BATCH
+
+    CountingQueue.swept.clear()
+    n = 2 * SWEEP_BATCH + 100
+    async with open_host(app, data_dir) as host:
+        q = Remote(host, "counted/p")
+        await q.configure(Config(max_attempts=1))
+        await q.send_batch([b"x"] * 1000)
+        await q.send_batch([b"x"] * (n - 1000))
+        assert len(await q.lease(max=1000, visibility=5)) == 1000
+        assert len(await q.lease(max=1000, visibility=5)) == n - 1000
+        await q.configure(Config(consumer="worker/w", max_attempts=1, rate=0.001, burst=1))
+        live = await q.send(b"live")
+        await trio.sleep(1)
+        assert [x[1] for x in deliveries.seen] == [live]  # the one token, spent
+        await trio.sleep(9)
+        assert CountingQueue.swept == [SWEEP_BATCH, SWEEP_BATCH, 100]
+    dead = table_rows(data_dir, "actorkeep_queue_dead", "counted/p")
+    assert len(dead) == n and {row[5] for row in dead} == {"max attempts exceeded"}
+
+
 @pytest.mark.parametrize("priorities", [1, 70])
 def test_a_lease_never_takes_what_a_capped_sweep_left(priorities: int) -> None:
     """Past its expiry or out of attempts (the queue's or its own), a visible message is never
@@ -922,3 +951,55 @@ def test_a_lease_never_takes_what_a_capped_sweep_left(priorities: int) -> None:
         + [(10 + p, 99.0, p, 0, None, None) for p in range(1, priorities)],
     )
     assert [r[0] for r in leasable(q, 10.0, 10, 5)] == [4, 5]  # type: ignore[arg-type]
+
+
+class RecordingSweeper:
+    """``sending.Sweeper`` for a ``MemoryQueue`` of ``max_attempts`` 3: records what it buries
+    and deletes it."""
+
+    max_attempts = 3
+
+    def __init__(self, q: MemoryQueue) -> None:
+        self.q = q
+        self.buried: list[tuple[str, int]] = []
+
+    def _gone(self, why: str, id_: int) -> None:
+        self.buried.append((why, id_))
+        self.q.conn.execute("DELETE FROM actorkeep_queue WHERE id = ?", (id_,))
+
+    def expired(self, id_: int) -> None:
+        self._gone("expired", id_)
+
+    def out_of_attempts(self, id_: int) -> None:
+        self._gone("out of attempts", id_)
+
+
+def test_a_key_held_by_a_message_the_sweep_has_not_reached_is_free() -> None:
+    """A keyed send that matches a message past its expiry, or whose last lease ran out,
+    dead-letters it and queues a new message (a capped sweep may leave such messages for
+    its next event); a message leased on its last attempt, or with attempts left, holds
+    its key."""
+    from queues.sending import SendOptions, insert
+
+    q = MemoryQueue()
+    q.conn.executemany(
+        "INSERT INTO actorkeep_queue (id, body, enqueued_at, visible_at, key, attempts, "
+        "leased, expires_at, max_attempts) VALUES (?, x'00', 0, ?, ?, ?, ?, ?, ?)",
+        [
+            (1, 5.0, "a", 3, 1, None, None),  # its last lease ran out
+            (2, 20.0, "b", 3, 1, None, None),  # leased on its last attempt
+            (3, 5.0, "c", 2, 1, None, 2),  # its last of its own 2 ran out
+            (4, 5.0, "d", 2, 1, None, None),  # a lease ran out, attempts left
+            (5, 0.0, "e", 0, 0, 8.0, None),  # past its expiry
+        ],
+    )
+    sweeper = RecordingSweeper(q)
+    keys: list[str | None] = ["a", "b", "c", "d", "e"]
+    sent = insert(q, 10.0, [b"x"] * 5, 0.0, 0, SendOptions(keys=keys), sweeper)  # type: ignore[arg-type]
+    assert sent.ids[1] == 2 and sent.ids[3] == 4
+    assert min(sent.ids[i] for i in (0, 2, 4)) > 5 and sent.new == 3
+    assert sorted(sweeper.buried) == [
+        ("expired", 5),
+        ("out of attempts", 1),
+        ("out of attempts", 3),
+    ]

@@ -77,7 +77,7 @@ def test_the_rate_check_holds_the_rate_only_from_an_acknowledged_configure(
 ) -> None:
     """A configure whose outcome is unknown may never have landed (a store unreachable at the
     setup's restore): leases past the rate after it are no violation; after one acknowledged,
-    they are."""
+    they are. A run with no configure acknowledged is flagged: its rate went unchecked."""
     history = History()
     setup = history.invoke("setup", "feature.configure", {"config": {"rate": RATE}}, 0, 0.0)
     history.complete(setup, configured, None if configured == "ok" else "503", 0.01)
@@ -86,4 +86,6 @@ def test_the_rate_check_holds_the_rate_only_from_an_acknowledged_configure(
     handed = [[i, 1, b"", None, None] for i in range(too_many)]
     history.complete(lease, "ok", handed, 0.11)
     found = [v.invariant for v in check_features(history)]
-    assert found == (["rate"] if configured == "ok" else [])
+    assert found == ["rate"]
+    (violation,) = check_features(history)
+    assert ("no configure" in violation.message) == (configured == "unknown")

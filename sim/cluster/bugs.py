@@ -107,8 +107,9 @@ class EndsBeforeItCommits(Committer):
     """A group commit that tells each actor its write is in the store as the batch takes the
     frames, before the store has them: the replies the actor's output gate held leave, and a
     batch that then fails (the store failing over, the host dying) loses writes acknowledged
-    as durable. Ended early, an actor's next write may also join a batch before the last one
-    landed: out of order, its restore finds the store's batches damaged."""
+    as durable. Ended early, an actor's next write may also land while the one before it
+    fails: its restore finds that the batches the store holds do not add up and calls the
+    actor damaged."""
 
     def submit_source(self, source: Source) -> None:
         super().submit_source(_EndedAtTake(source))

@@ -267,6 +267,10 @@ def check_features(history: History, rate: float = RATE, burst: int = BURST) -> 
     configured = [
         o.complete_time for o in ops if o.kind == "feature.configure" and o.status == "ok"
     ]
+    if not configured:
+        found.append(
+            Violation("rate", "no configure was acknowledged: the rate could not be checked")
+        )
     since = min(configured, default=float("inf"))
     handed = sorted(
         (
