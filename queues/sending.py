@@ -95,6 +95,16 @@ def insert(
     keys = opts.keys or [None] * len(bodies)
     groups = opts.groups or [None] * len(bodies)
     grouped = opts.groups is not None
+    if not grouped and not sql.in_transaction and not _remembering(sql):
+        # Keyed, on its own: tried as new messages in one statement, which is atomic and
+        # commits by itself (no transaction around it to begin and commit).
+        rows = [(b, k, None) for b, k in zip(bodies, keys, strict=True)]
+        try:
+            ids = _insert_rows(sql, rows, now, visible_at, priority, extra, durable=True)
+        except sqlite3.IntegrityError:
+            pass  # a key is live, or twice in the batch: the general path
+        else:
+            return Sent(ids, len(rows))
     with contextlib.nullcontext() if sql.in_transaction else sql.transaction(durable=True):
         if opts.keys is not None and not _remembering(sql):
             # Most keyed sends find no message with their key: try them as new messages, and

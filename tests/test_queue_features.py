@@ -1003,3 +1003,46 @@ def test_a_key_held_by_a_message_the_sweep_has_not_reached_is_free() -> None:
         ("out of attempts", 1),
         ("out of attempts", 3),
     ]
+
+
+class CountingGate:
+    """``sql.DurablePoint``: counts the gated writes that committed."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self) -> None:
+        self.writes += 1
+
+    async def sync(self) -> None:
+        raise AssertionError("a send does not wait for its write")
+
+
+def test_a_keyed_send_on_its_own_is_one_statement_and_a_duplicate_changes_nothing() -> None:
+    """Outside a transaction, keyed sends whose keys are new are one gated INSERT, as plain
+    sends are (no transaction around it to begin and commit); a batch with a live key then
+    goes the general way, in one transaction, and answers the live message's id."""
+    from queues.schema import INDEXES, SCHEMA
+    from queues.sending import SendOptions, insert
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    for statement in SCHEMA + INDEXES:
+        conn.execute(statement)
+    ran: list[str] = []
+    conn.set_trace_callback(ran.append)
+    gate = CountingGate()
+    sql = ak.Sql(conn, gate)
+
+    first = insert(sql, 0.0, [b"a", b"b"], 0.0, 0, SendOptions(keys=["k1", "k2"]))
+    assert first.new == 2 and gate.writes == 1
+    assert [s.split()[0] for s in ran] == ["SELECT", "INSERT"]  # is any key remembered; send
+
+    ran.clear()
+    again = insert(sql, 1.0, [b"c", b"d"], 0.0, 0, SendOptions(keys=["k3", "k1"]))
+    assert again.ids[1] == first.ids[0] and again.new == 1 and gate.writes == 2
+    assert "BEGIN IMMEDIATE" in ran and ran[-1] == "COMMIT"
+    assert conn.execute("SELECT key, body FROM actorkeep_queue ORDER BY id").fetchall() == [
+        ("k1", b"a"),
+        ("k2", b"b"),
+        ("k3", b"c"),
+    ]
