@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,27 +96,24 @@ def insert(
     keys = opts.keys or [None] * len(bodies)
     groups = opts.groups or [None] * len(bodies)
     grouped = opts.groups is not None
-    if not grouped and not sql.in_transaction and not _remembering(sql):
-        # Keyed, on its own: tried as new messages in one statement, which is atomic and
-        # commits by itself (no transaction around it to begin and commit).
-        rows = [(b, k, None) for b, k in zip(bodies, keys, strict=True)]
-        try:
-            ids = _insert_rows(sql, rows, now, visible_at, priority, extra, durable=True)
-        except sqlite3.IntegrityError:
-            pass  # a key is live, or twice in the batch: the general path
-        else:
-            return Sent(ids, len(rows))
+    rows = list(zip(bodies, keys, groups, strict=True))
+    # Most keyed sends find no message with their key: try them as new messages first, and let
+    # the unique index say otherwise. Ungrouped and outside a transaction, that is one
+    # statement that commits by itself, as a plain send is (no transaction to begin and end).
+    alone = not grouped and not sql.in_transaction
+    if alone and not _remembering(sql):
+        new = _unless_refused(
+            lambda: _insert_rows(sql, rows, now, visible_at, priority, extra, durable=True)
+        )
+        if new is not None:
+            return Sent(new, len(rows))
     with contextlib.nullcontext() if sql.in_transaction else sql.transaction(durable=True):
-        if opts.keys is not None and not _remembering(sql):
-            # Most keyed sends find no message with their key: try them as new messages, and
-            # let the unique index say otherwise (the failed INSERT changes nothing).
-            rows = list(zip(bodies, keys, groups, strict=True))
-            try:
-                ids = _insert_rows(sql, rows, now, visible_at, priority, extra, grouped=grouped)
-            except sqlite3.IntegrityError:
-                pass  # a key is live, or twice in the batch: the general path
-            else:
-                return Sent(ids, len(rows))
+        if not alone and opts.keys is not None and not _remembering(sql):
+            new = _unless_refused(
+                lambda: _insert_rows(sql, rows, now, visible_at, priority, extra, grouped=grouped)
+            )
+            if new is not None:
+                return Sent(new, len(rows))
         # One lookup of the batch's keys, then one INSERT.
         found = _existing(sql, now, {k for k in keys if k is not None}, sweeper)
         answers: list[int] = []  # per body: the id it answers, or -1 - i for new row i
@@ -150,6 +148,15 @@ def insert(
         )
     # a new row's answer is ``-1 - its index``
     return Sent([a if a >= 0 else ids[-1 - a] for a in answers], len(rows))
+
+
+def _unless_refused(insert: Callable[[], list[int]]) -> list[int] | None:
+    """``insert()``'s ids, or None if the unique index of live keys refused it (a key is live,
+    or twice in the batch): the failed INSERT changes nothing."""
+    try:
+        return insert()
+    except sqlite3.IntegrityError:
+        return None
 
 
 def _insert_rows(

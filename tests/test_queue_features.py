@@ -1041,6 +1041,8 @@ def test_a_keyed_send_on_its_own_is_one_statement_and_a_duplicate_changes_nothin
     again = insert(sql, 1.0, [b"c", b"d"], 0.0, 0, SendOptions(keys=["k3", "k1"]))
     assert again.ids[1] == first.ids[0] and again.new == 1 and gate.writes == 2
     assert "BEGIN IMMEDIATE" in ran and ran[-1] == "COMMIT"
+    inserts = [s for s in ran if s.startswith("INSERT INTO actorkeep_queue ")]
+    assert len(inserts) == 2  # the try that failed, then the new message alone
     assert conn.execute("SELECT key, body FROM actorkeep_queue ORDER BY id").fetchall() == [
         ("k1", b"a"),
         ("k2", b"b"),
