@@ -380,7 +380,8 @@ class Queue(ak.Actor):
             # Arm before the insert: a crash between the two leaves an alarm with nothing to
             # do, never a message that waits for an alarm that was never set.
             await self.arm_by(due)
-        sent = insert(self.sql, now, bodies, delay, priority, opts, _SendSweeper(self))
+        sweeper = None if opts.keys is None else _SendSweeper(self)  # only keys are matched
+        sent = insert(self.sql, now, bodies, delay, priority, opts, sweeper)
         self.count_metric("queue.sent", sent.new, label=self.address)
         if sent.new < len(bodies):
             self.count_metric("queue.duplicates", len(bodies) - sent.new, label=self.address)

@@ -96,24 +96,25 @@ def insert(
     keys = opts.keys or [None] * len(bodies)
     groups = opts.groups or [None] * len(bodies)
     grouped = opts.groups is not None
-    rows = list(zip(bodies, keys, groups, strict=True))
     # Most keyed sends find no message with their key: try them as new messages first, and let
-    # the unique index say otherwise. Ungrouped and outside a transaction, that is one
-    # statement that commits by itself, as a plain send is (no transaction to begin and end).
-    alone = not grouped and not sql.in_transaction
-    if alone and not _remembering(sql):
+    # the unique index say otherwise (the failed INSERT changes nothing).
+    try_new = opts.keys is not None and not _remembering(sql)
+    tried = list(zip(bodies, keys, groups, strict=True)) if try_new else []
+    if try_new and not grouped and not sql.in_transaction:
+        # One statement that commits by itself, as a plain send (no transaction around it).
         new = _unless_refused(
-            lambda: _insert_rows(sql, rows, now, visible_at, priority, extra, durable=True)
+            lambda: _insert_rows(sql, tried, now, visible_at, priority, extra, durable=True)
         )
         if new is not None:
-            return Sent(new, len(rows))
+            return Sent(new, len(tried))
+        try_new = False  # refused: the general way
     with contextlib.nullcontext() if sql.in_transaction else sql.transaction(durable=True):
-        if not alone and opts.keys is not None and not _remembering(sql):
+        if try_new:
             new = _unless_refused(
-                lambda: _insert_rows(sql, rows, now, visible_at, priority, extra, grouped=grouped)
+                lambda: _insert_rows(sql, tried, now, visible_at, priority, extra, grouped=grouped)
             )
             if new is not None:
-                return Sent(new, len(rows))
+                return Sent(new, len(tried))
         # One lookup of the batch's keys, then one INSERT.
         found = _existing(sql, now, {k for k in keys if k is not None}, sweeper)
         answers: list[int] = []  # per body: the id it answers, or -1 - i for new row i

@@ -595,6 +595,8 @@ class MemoryQueue:
     """A queue's tables in an in-memory database, with the ``exec`` the queue's helpers call
     (they take it for the actor's ``Sql``); ``statements`` records what ran."""
 
+    in_transaction = True  # as inside an event's transaction: sends open none of their own
+
     def __init__(self) -> None:
         from queues.schema import INDEXES, SCHEMA
 
@@ -602,8 +604,6 @@ class MemoryQueue:
         for statement in SCHEMA + INDEXES:
             self.conn.execute(statement)
         self.statements: list[tuple[str, tuple[Any, ...]]] = []
-
-    in_transaction = True  # as inside an event's transaction: sends open none of their own
 
     def exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         self.statements.append((sql, params))
