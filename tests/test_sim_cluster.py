@@ -12,6 +12,7 @@ import pytest
 import trio
 
 import actorkeep as ak
+import shards
 from actorkeep.cluster.partitions import partition_of
 from sim.cluster import ClusterWorld, check_single_owner
 from sim.cluster.bugs import (
@@ -25,6 +26,7 @@ from sim.cluster.world import DRIFT
 from sim.faults import ALL_FAULTS
 from sim.runner import run_seed
 from sim.scenarios import SCENARIOS
+from tests.codecutil import counted_msgpack
 
 #: The runs the first seeds were found (and their fixes checked) in: before the store lost
 #: replies and packets were dropped, which changes every run drawn since.
@@ -144,6 +146,24 @@ class Counter(ak.Actor):
     @ak.rpc
     async def count(self) -> int:
         return int(self.sql.exec("SELECT count(*) FROM c").fetchone()[0])
+
+
+app.mount(shards.KVShard, "kv", access="internal")
+kv = ak.kv.Client("kv", shards=4)
+
+
+@app.actor("kvuser")
+class KVUser(ak.Actor):
+    @ak.rpc
+    async def msgpack_of_puts(self, n: int) -> dict[str, int]:
+        """``n`` durable puts and gets to shards of whichever host owns them; the msgpack
+        packs and unpacks they cost."""
+        with counted_msgpack() as counts:
+            for i in range(n):
+                version = await kv.put(f"k{i}", b"v")
+                entry = await kv.get(f"k{i}")  # no read cache: from the shard
+                assert entry is not None and (entry.value, entry.version) == (b"v", version)
+        return counts
 
 
 @app.actor("relay")
@@ -346,3 +366,23 @@ def test_the_kv_checks_catch_a_group_commit_that_ends_writes_before_the_store_ha
     assert run_seed(SCENARIOS["kv"], 5, cluster=True).ok
     result = run_seed(SCENARIOS["kv"], 5, bug="ends-before-commit", cluster=True)
     assert "no-stale-read" in {v.invariant for v in result.violations}, result.violations
+
+
+def test_a_protocol_operation_costs_no_msgpack_on_the_owners_host_only() -> None:
+    """A KV put or get to a shard this host owns goes as values (decision 0028), as on a
+    single host; one to a shard of another host goes over the wire, packed and unpacked."""
+    counts: dict[int, dict[str, int]] = {}
+
+    async def main(w: Any) -> None:
+        assert isinstance(w, ClusterWorld)
+        for hosts in (1, 2):
+            if hosts == 2:
+                await w.start_host(1)
+            await trio.sleep(3 * w.lease.ttl)  # the partitions shared out
+            counts[hosts] = await w.rpc_via(0, "kvuser/u", "msgpack_of_puts", n=8)
+
+    world = ClusterWorld(app, seed=11, hosts=1)
+    world.run(main)
+    assert counts[1] == {"pack": 0, "unpack": 0}, counts
+    assert counts[2]["pack"] > 0 and counts[2]["unpack"] > 0, counts
+    assert check_single_owner(world.history) == []

@@ -244,13 +244,26 @@ class ClusterRouter:
         values: Mapping[str, Any],
         timeout: float | None,
     ) -> Response:
-        # Over the wire's shape, here as on another host: one way for what the simulator's
-        # checks of who answered watch (``deliver_local``), and a cluster's cost is its store.
+        # On the owner's host the frame goes as values (decision 0028); to another host, over
+        # the wire's shape, as an outside request to the operation's route would.
+        if chain:
+            await self.may_leave(chain[-1])
+        if self._keeper.accepts(self._partition(address)) is not None:  # the common case
+            with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
+                return await self.call_op_local(caller, chain, address, op, values, timeout)
         class_name, name = split_address(address)
         request = Request(
             "POST", op.path, {}, call_headers(caller, _MSGPACK), codec.pack(values), caller
         )
-        return await self.deliver(class_name, name, request, chain, timeout)
+
+        async def here(left: float | None) -> Response:
+            return await self.call_op_local(caller, chain, address, op, values, left)
+
+        async def there(peer: str, left: float | None) -> Response:
+            assert self._peers is not None
+            return await self._peers.deliver(peer, class_name, name, request, chain, left)
+
+        return await self._route(address, timeout, here, there)
 
     # -- what the other hosts call: only what this host owns ------------------------------
     async def deliver_local(
@@ -266,6 +279,22 @@ class ClusterRouter:
 
         def event() -> Awaitable[Response]:
             return self.host.deliver_here(class_name, name, request, chain, timeout)
+
+        return await self._within_lease(address, self._partition(address), event)
+
+    async def call_op_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Response:
+        """The operation on this host if it owns the actor's partition; ``Elsewhere`` if not."""
+
+        def event() -> Awaitable[Response]:
+            return self.host.call_op_here(caller, chain, address, op, values, timeout)
 
         return await self._within_lease(address, self._partition(address), event)
 

@@ -5,7 +5,7 @@ copy given up, each partition taken over: a power loss of those files, for the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from actorkeep.cluster.backend import ClusterStorage
@@ -14,6 +14,7 @@ from actorkeep.cluster.peers import Peers
 from actorkeep.cluster.records import AlarmChange, Write
 from actorkeep.cluster.router import ClusterRouter
 from actorkeep.http import Request, Response
+from actorkeep.routing import Operation
 from actorkeep.runtime.router import Target
 
 from ..history import History
@@ -80,6 +81,19 @@ class ObservedRouter(ClusterRouter):
     ) -> Response:
         response = await super().deliver_local(class_name, name, request, chain, timeout)
         self._leaves(f"{class_name}/{name}")
+        return response
+
+    async def call_op_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Response:
+        response = await super().call_op_local(caller, chain, address, op, values, timeout)
+        self._leaves(address)
         return response
 
     async def call_rpc_local(
