@@ -12,8 +12,10 @@ processes over a real PostgreSQL primary with a synchronous standby, both starte
    (group commit and the output gates). Target: at least 5x ``raw``'s writes/s. Also printed:
    the machine's CPU time per put (every process: the hosts, PostgreSQL, its standby; from
    ``/proc/stat``) and the rate that CPU cost allows on all of the machine's cores, which
-   bounds what any batching can reach here; and puts per PostgreSQL transaction (from
-   ``pg_stat_database``, lease renewals included: a lower bound).
+   bounds what any batching can reach here; the CPU time per put of the shard's host's event
+   loop (its main thread, from ``/proc``: one thread, so it bounds the rate on its own, however
+   many cores); and puts per PostgreSQL transaction (from ``pg_stat_database``, lease renewals
+   included: a lower bound).
 4. ``mixed``: the crash suite's mixed load (``bench/crash.py``: durable KV puts, compare-and-set
    counters, queue sends pushed to a consumer), 18 client threads over HTTP spread over the
    hosts, on a 1-host and on a 3-host cluster, each on a fresh database: answered requests/s,
@@ -175,6 +177,13 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def loop_seconds(pid: int) -> float:
+    """CPU seconds the main thread of process ``pid`` (a host's event loop) has used."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cluster_args(conninfo: str) -> tuple[str, ...]:
     return ("--cluster", conninfo, "--partitions", str(PARTITIONS))
 
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             "raw/s", "raw p50 ms", "own write p50 ms", "put local p50 ms",
             "put forwarded p50 ms", "callers local/s", "callers forwarded/s",
             "callers local CPU us/put", "callers forwarded CPU us/put",
+            "callers local loop us/put", "callers forwarded loop us/put",
             "callers local puts/commit", "callers forwarded puts/commit",
             "1 host answers/s", "3 hosts answers/s",
             "1 host commits/answer", "3 hosts commits/answer",
@@ -299,9 +309,10 @@ def main(argv: list[str] | None = None) -> None:
                         asked = {"callers": CALLERS, "seconds": seconds}
                         time.sleep(0.6)  # stats reach pg_stat_database within its flush interval
                         c0, _ = pg_counters(primary, "actors")
-                        busy = busy_seconds()
+                        busy, loop = busy_seconds(), loop_seconds(front.proc.pid)
                         per_s = rpc(front, f"/{driver}/_rpc/callers", asked)
                         busy = busy_seconds() - busy
+                        loop = loop_seconds(front.proc.pid) - loop
                         time.sleep(0.6)
                         c1, _ = pg_counters(primary, "actors")
                         results[f"callers {where}/s"].append(per_s)
@@ -312,6 +323,9 @@ def main(argv: list[str] | None = None) -> None:
                         # the rpc's call and answer are outside the puts' seconds: a bound
                         results[f"callers {where} CPU us/put"].append(
                             busy / (per_s * seconds) * 1e6
+                        )
+                        results[f"callers {where} loop us/put"].append(
+                            loop / (per_s * seconds) * 1e6
                         )
             for r in range(rounds):
                 for hosts in (1, 3):
@@ -359,6 +373,14 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"  the machine's CPU per put allows at most {spread(bound, 2)}x the raw rate on its "
             f"{cores} cores"
+        )
+        loop_bound = [
+            1e6 / us / r
+            for us, r in zip(results[f"callers {where} loop us/put"], results["raw/s"], strict=True)
+        ]
+        print(
+            f"  the shard's host's event loop (one thread) per put allows at most "
+            f"{spread(loop_bound, 2)}x"
         )
     scale = ratios("3 hosts answers/s", "1 host answers/s")
     print(f"mixed load, 3 hosts / 1 host answers/s: {spread(scale, 2)}x (a cost measure here)")
