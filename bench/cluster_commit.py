@@ -44,6 +44,7 @@ import trio
 
 from actorkeep.cluster import ClusterStore, Write, create
 from actorkeep.cluster.committer import Committer
+from actorkeep.cluster.nonblocking import NonblockingCommits
 from bench.driver import spread
 from tests.pg import running_server
 
@@ -110,10 +111,14 @@ def beside_compactions(
 async def group(
     store: ClusterStore, epochs: dict[int, int], seconds: float, seqs: count[int]
 ) -> tuple[float, float]:
-    """[writes/s, writes per transaction] of 32 writers through the Committer."""
+    """[writes/s, writes per transaction] of 32 writers through the Committer, committing as a
+    host does (on the event loop: ``NonblockingCommits``)."""
     done = [0]
+    commits = NonblockingCommits(store.commits, trio.to_thread.run_sync)
     async with trio.open_nursery() as nursery:
-        committer = Committer(store, trio.to_thread.run_sync, nursery.start_soon)
+        committer = Committer(
+            store, trio.to_thread.run_sync, nursery.start_soon, commit=commits.commit
+        )
         end = trio.current_time() + seconds
 
         async def writer(i: int) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import psycopg
 import pytest
+import trio
 
 from actorkeep.cluster import (
     ClusterMismatch,
@@ -21,6 +23,7 @@ from actorkeep.cluster import (
     create,
     partition_of,
 )
+from actorkeep.cluster.nonblocking import NonblockingCommits
 from actorkeep.cluster.records import AlarmChange, Store
 from actorkeep.cluster.store import COMMIT_FRAMES, COMMIT_ONE
 from sim.cluster.store import MemoryCluster
@@ -43,14 +46,35 @@ class Backend:
     wait: Callable[[float], None]
 
 
-@pytest.fixture(params=["postgres", "memory"])
+class Nonblocking:
+    """A ``ClusterStore`` whose commits go as a host's do (``NonblockingCommits``, each in a
+    trio run of its own)."""
+
+    def __init__(self, inner: ClusterStore) -> None:
+        self._inner = inner
+        self._commits = NonblockingCommits(inner.commits, trio.to_thread.run_sync)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
+        trio.run(self._commits.commit, writes, alarms)
+
+
+@pytest.fixture(params=["postgres", "nonblocking", "memory"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    if request.param == "postgres":
+    if request.param in ("postgres", "nonblocking"):
         conninfo = request.getfixturevalue("pg_conninfo")
+        wrap = request.param == "nonblocking"
 
         def make_pg(partitions: int) -> Callable[..., Store]:
             create(conninfo, partitions)
-            return lambda host, clock=None: store(conninfo, host, clock)
+
+            def open_(host: str, clock: float | None = None) -> Store:
+                opened = store(conninfo, host, clock)
+                return cast(Store, Nonblocking(opened)) if wrap else opened
+
+            return open_
 
         yield Backend(make_pg, time.sleep)
         return

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ from .committer import Committer, Ticket
 from .database import ClusterDatabase, NotServedHere, StoreUnreachable
 from .frames import LogFormatError
 from .keeper import LeaseKeeper
+from .nonblocking import NonblockingCommits
 from .partitions import partition_of
-from .records import Fenced, Store, StoreError, Write
+from .records import AlarmChange, Fenced, Store, StoreError, Write
 from .replica import Replica, compact, held
+from .store import ClusterStore
 from .syncs import SyncsInFlight
 
 __all__ = ["ClusterDatabase", "ClusterStorage", "NotServedHere", "StoreUnreachable"]
@@ -61,7 +64,9 @@ class ClusterStorage:
     """The ``StorageBackend`` of a cluster host: local files under ``root`` (as
     ``FileStorage``), the store and this host's leases. ``run_store(fn)`` runs a call of the
     store (``fn()``, which blocks) and awaits its result: in a sync thread of the storage's own
-    by default; the simulator runs it on the trio thread, with its latencies and faults.
+    by default; the simulator runs it on the trio thread, with its latencies and faults. The
+    commits of a ``ClusterStore`` run on the trio thread (``commit_now``) unless ``run_store``
+    is given.
     ``files_in_thread=False``: the local files' closes and checkpoints run where they are
     awaited (the simulator: no threads)."""
 
@@ -101,6 +106,11 @@ class ClusterStorage:
         self._syncer = Syncer()
         self._commit_thread = Syncer(threads=1, ring=False)
         self._run_store = run_store
+        self._nonblocking = (
+            NonblockingCommits(store.commits, self.in_commit_thread)
+            if run_store is None and isinstance(store, ClusterStore)
+            else None
+        )
         self._ticked = trio.Event()
         #: Takes an actor out of memory if it is idle (whether it is out now): the host's,
         #: given by its router. Without it, a partition handed over with actors open goes
@@ -119,6 +129,14 @@ class ClusterStorage:
             return await self._run_store(fn)
         return await self._syncer.run(fn, "cluster store")
 
+    async def commit_now(self, writes: Sequence[Write], alarms: Sequence[AlarmChange]) -> None:
+        """One commit of the committer's (``Store.commit``): on the trio thread for a
+        ``ClusterStore`` (``NonblockingCommits``), else run by ``run_store``."""
+        if self._nonblocking is not None:
+            await self._nonblocking.commit(writes, alarms)
+        else:
+            await self.in_commit_thread(partial(self.store.commit, writes, alarms))
+
     async def in_commit_thread(self, fn: Callable[[], Any]) -> Any:
         """``fn()``, a commit of the store, run by ``run_store`` or the commits' own thread."""
         if self._run_store is not None:
@@ -130,7 +148,11 @@ class ClusterStorage:
         cancelled; a planned stop hands the partitions over."""
         async with trio.open_nursery() as nursery:
             committer = self.committer_class(
-                self.store, self.in_commit_thread, nursery.start_soon, self.alarms
+                self.store,
+                self.in_commit_thread,
+                nursery.start_soon,
+                self.alarms,
+                commit=self.commit_now,
             )
             self._committer = committer
             self._nursery = nursery
@@ -203,10 +225,14 @@ class ClusterStorage:
 
         async def fold() -> None:
             try:
-                folded = await self.in_thread(
-                    lambda: compact(self.store, address, db.partition, db.epoch)
-                )  # batches committed meanwhile stay counted
-                self._batches[address] = max(0, self._batches.get(address, 0) - folded)
+                while True:  # again if as many were committed meanwhile: they stay counted
+                    folded = await self.in_thread(
+                        lambda: compact(self.store, address, db.partition, db.epoch)
+                    )
+                    left = max(0, self._batches.get(address, 0) - folded)
+                    self._batches[address] = left
+                    if not folded or left < self.compact_after:
+                        break
             except Exception as exc:  # fenced, or the store unreachable: the next batch tries
                 log.info("could not compact an actor's batches", address=address, error=repr(exc))
             finally:

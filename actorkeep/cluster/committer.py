@@ -30,6 +30,8 @@ log = structlog.get_logger("actorkeep")
 RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
 #: ``spawn(fn)``: start the task ``fn()`` (the host's nursery).
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
+#: ``commit(writes, alarms)``: as ``Store.commit``, awaited on the trio thread.
+CommitNow = Callable[[Sequence[Write], Sequence[AlarmChange]], Awaitable[None]]
 
 
 class AlarmChanges(Protocol):
@@ -93,7 +95,9 @@ class _NoAlarms:
 
 
 class Committer:
-    """Commits writes for many actors, one transaction per batch, one batch at a time."""
+    """Commits writes for many actors, one transaction per batch, one batch at a time: with
+    ``commit`` if given (``NonblockingCommits.commit``), else ``store.commit`` run by ``run``
+    (in a thread; the simulator's store)."""
 
     def __init__(
         self,
@@ -101,9 +105,11 @@ class Committer:
         run: RunInThread,
         spawn: Spawn,
         alarms: AlarmChanges | None = None,
+        commit: CommitNow | None = None,
     ) -> None:
         self._store = store
         self._run = run
+        self._commit_now = commit
         self._spawn = spawn
         self._alarms: AlarmChanges = _NoAlarms() if alarms is None else alarms
         self._pending: list[Source] = []
@@ -156,20 +162,17 @@ class Committer:
                 writes = [w for w in taken if isinstance(w, Write)]
                 changes = self._alarms.take()
                 try:
-                    results, unknown = await self._run(partial(self._commit, writes, changes))
+                    results, unknown = await self._commit(writes, changes)
                 except BaseException as exc:
-                    # The runner failed, not the store's call in it (no thread left, or the
-                    # simulator's store lost the reply): the outcome is unknown, for every
-                    # write of the batch. Cancelled (the host closes): the same, then out.
+                    # Cancelled (the host closes): the outcome is unknown, for every write of
+                    # the batch; what was asked for meanwhile was never sent.
                     self._alarms.failed(changes, set())
                     for source in batch:  # an outcome is unwrapped once: one each
                         _end(source, outcome.Error(_as_error(exc)))
-                    if not isinstance(exc, Exception):
-                        waiting, self._pending = self._pending, []
-                        for source in waiting:  # asked for meanwhile: never sent
-                            _end(source, outcome.Error(HostClosed("the host closed")))
-                        raise
-                    continue
+                    waiting, self._pending = self._pending, []
+                    for source in waiting:
+                        _end(source, outcome.Error(HostClosed("the host closed")))
+                    raise
                 if unknown is not None:
                     self._alarms.failed(*unknown)
                 by_write = iter(results)
@@ -183,22 +186,28 @@ class Committer:
         finally:
             self._busy = False
 
-    def _commit(
+    async def _commit(
         self, writes: Sequence[Write], changes: Sequence[AlarmChange]
     ) -> tuple[list[outcome.Outcome[None]], tuple[list[AlarmChange], set[int]] | None]:
-        """In a thread: commit ``writes`` and ``changes``, dropping fenced partitions and
-        committing the rest again; the outcome of each write, and the changes whose outcome
-        is unknown (with the partitions fenced)."""
+        """Commit ``writes`` and ``changes``, dropping fenced partitions and committing the
+        rest again; the outcome of each write, and the changes whose outcome is unknown (with
+        the partitions fenced)."""
         fenced: set[int] = set()
         while True:
             live = [w for w in writes if w.partition not in fenced]
             alarms = [c for c in changes if c.partition not in fenced]
             try:
-                self._store.commit(live, alarms)
+                if self._commit_now is not None:
+                    await self._commit_now(live, alarms)
+                else:
+                    await self._run(partial(self._store.commit, live, alarms))
             except Fenced as exc:
                 fenced.update(exc.partitions)
                 continue
-            except Exception as exc:  # the outcome is unknown: every write of the batch fails
+            except Exception as exc:
+                # The outcome is unknown, for every write of the batch: the store's call
+                # failed, or its runner did (no thread left, or the simulator's store lost
+                # the reply).
                 log.warning(
                     "a commit could not reach the cluster's store: nothing was sent"
                     if isinstance(exc, NotSent)

@@ -145,6 +145,53 @@ COMMIT_ONE = (
 )
 
 
+def commit_statement(
+    writes: Sequence[Write], alarms: Sequence[AlarmChange]
+) -> tuple[str, dict[str, Any], list[int]] | None:
+    """The statement that commits ``writes`` and ``alarms`` (``COMMIT_ONE`` or
+    ``COMMIT_FRAMES``), its parameters and the partitions it checks; None if there is nothing
+    to commit. ``ValueError`` for a partition under two epochs."""
+    if not writes and not alarms:
+        return None
+    epochs: dict[int, int] = {}
+    tagged: list[tuple[int, int]] = [(w.partition, w.epoch) for w in writes]
+    tagged += [(a.partition, a.epoch) for a in alarms]
+    for partition, epoch in tagged:
+        if epochs.setdefault(partition, epoch) != epoch:
+            raise ValueError(f"writes to partition {partition} under two epochs")
+    parts = sorted(epochs)
+    if len(writes) == 1 and not alarms:
+        w = writes[0]
+        one = {"partition": w.partition, "epoch": w.epoch, "address": w.address, "seq": w.seq}
+        return COMMIT_ONE, {**one, "data": w.data}, parts
+    put = [a for a in alarms if a.at is not None]
+    return (
+        COMMIT_FRAMES,
+        {
+            "parts": parts,
+            "epochs": [epochs[p] for p in parts],
+            "n": len(parts),
+            "addresses": [w.address for w in writes],
+            "seqs": [w.seq for w in writes],
+            "partitions": [w.partition for w in writes],
+            "frame_epochs": [w.epoch for w in writes],
+            "data": [w.data for w in writes],
+            "put_addresses": [a.address for a in put],
+            "put_partitions": [a.partition for a in put],
+            "put_at": [float(a.at) for a in put if a.at is not None],
+            "dropped": [a.address for a in alarms if a.at is None],
+        },
+        parts,
+    )
+
+
+def check_held(parts: Sequence[int], held: Sequence[int] | None) -> None:
+    """After a commit statement: ``Fenced`` unless it held every one of ``parts``."""
+    found = set(held or [])
+    if len(found) != len(parts):
+        raise Fenced(sorted(set(parts) - found))
+
+
 #: The lease rows a renewal or a release names, locked in partition order before it updates
 #: them (``FOR NO KEY UPDATE``, the lock its update takes anyway), as a commit's check locks
 #: its own: a plain ``UPDATE ... FROM unnest(...)`` locks rows in the order it finds them, and
@@ -350,51 +397,24 @@ class ClusterStore:
                 },
             )
 
+    @property
+    def commits(self) -> Link:
+        """The commits' own connection (``commit``; ``NonblockingCommits`` once a host runs)."""
+        return self._commits
+
     def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange] = ()) -> None:
         """Commit ``writes`` (any actors, any partitions) and the alarm index's ``alarms`` (one
         change per address at most) in one transaction, or none of them: ``Fenced`` if a
         partition's epoch is no longer the one a write or change carries."""
-        if not writes and not alarms:
+        statement = commit_statement(writes, alarms)
+        if statement is None:
             return
-        epochs: dict[int, int] = {}
-        tagged: list[tuple[int, int]] = [(w.partition, w.epoch) for w in writes]
-        tagged += [(a.partition, a.epoch) for a in alarms]
-        for partition, epoch in tagged:
-            if epochs.setdefault(partition, epoch) != epoch:
-                raise ValueError(f"writes to partition {partition} under two epochs")
-        put = [a for a in alarms if a.at is not None]
-        parts = sorted(epochs)
+        query, params, parts = statement
         # One statement, so one round trip and its own transaction (autocommit).
         with self._commits.use() as conn:
-            if len(writes) == 1 and not alarms:
-                w = writes[0]
-                one = {"partition": w.partition, "epoch": w.epoch, "address": w.address}
-                row = conn.execute(COMMIT_ONE, {**one, "seq": w.seq, "data": w.data}).fetchone()
-                assert row is not None
-                if not row[0]:
-                    raise Fenced([w.partition])
-                return
-            row = conn.execute(
-                COMMIT_FRAMES,
-                {
-                    "parts": parts,
-                    "epochs": [epochs[p] for p in parts],
-                    "n": len(parts),
-                    "addresses": [w.address for w in writes],
-                    "seqs": [w.seq for w in writes],
-                    "partitions": [w.partition for w in writes],
-                    "frame_epochs": [w.epoch for w in writes],
-                    "data": [w.data for w in writes],
-                    "put_addresses": [a.address for a in put],
-                    "put_partitions": [a.partition for a in put],
-                    "put_at": [float(a.at) for a in put if a.at is not None],
-                    "dropped": [a.address for a in alarms if a.at is None],
-                },
-            ).fetchone()
-            assert row is not None
-            held = set(row[0] or [])
-            if len(held) != len(parts):
-                raise Fenced(sorted(set(parts) - held))
+            row = conn.execute(query, params).fetchone()
+        assert row is not None
+        check_held(parts, row[0])
 
     @_locked
     def alarms_of(self, partitions: Sequence[int]) -> list[tuple[int, str, float]]:
