@@ -4,6 +4,7 @@ one transaction, a fenced actor failing alone, an unknown outcome failing its wh
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -12,6 +13,7 @@ import trio
 
 from actorkeep.cluster import ClusterStore, Fenced, Write, create
 from actorkeep.cluster.committer import Committer
+from actorkeep.cluster.records import AlarmChange
 
 
 def write(partition: int, epoch: int, actor: int, seq: int) -> Write:
@@ -119,3 +121,45 @@ async def test_a_runner_that_fails_fails_its_batch_and_the_next_one_goes_on() ->
             await committer.commit(write(0, lease.epoch, 1, 1))
         await committer.commit(write(0, lease.epoch, 1, 2))  # the next batch commits
     assert [seq for seq, _ in store.frames("counter/c1")] == [2]
+
+
+async def test_alarm_changes_of_unknown_outcome_fail_those_that_waited_for_them() -> None:
+    """A batch of alarm changes alone (``commit(None)``) whose commit failed: whoever waited
+    for it hears the error (its changes go back to the index for the next batch), not that it
+    was committed; a batch after it that commits tells so."""
+    from sim.cluster.store import MemoryCluster
+
+    cluster = MemoryCluster(2, clock=trio.current_time)
+    store = cluster.connect("a", trio.current_time)
+    lease = store.acquire(0, 30.0, 1.0)
+    assert lease is not None
+    pending = [AlarmChange(0, lease.epoch, "counter/c1", 5.0)]
+    requeued: list[list[AlarmChange]] = []
+
+    class Index:
+        def take(self) -> list[AlarmChange]:
+            taken = list(pending)
+            pending.clear()
+            return taken
+
+        def failed(self, changes: Sequence[AlarmChange], fenced: set[int]) -> None:
+            requeued.append(list(changes))
+            pending.extend(changes)
+
+    fail_next = [True]
+
+    async def commit(writes: Sequence[Write], alarms: Sequence[AlarmChange]) -> None:
+        await trio.lowlevel.checkpoint()
+        if fail_next[0]:
+            fail_next[0] = False
+            raise OSError("injected: the store did not answer")
+        store.commit(writes, alarms)
+
+    async with trio.open_nursery() as nursery:
+        committer = Committer(store, trio.to_thread.run_sync, nursery.start_soon, Index(), commit)
+        with pytest.raises(OSError, match="injected"):
+            await committer.commit(None)
+        assert requeued == [[AlarmChange(0, lease.epoch, "counter/c1", 5.0)]]
+        assert store.alarms_of([0]) == []
+        await committer.commit(None)
+    assert store.alarms_of([0]) == [(0, "counter/c1", 5.0)]

@@ -1,7 +1,8 @@
 """A host's commits on its event loop (``actorkeep/cluster/nonblocking.py``) against a real
-PostgreSQL: the store's statements with their parameters in binary, a commit cut short, a
-connection the server ended. The store's contract (fencing, all or nothing, alarms with their
-frames) runs through this path too: tests/test_cluster_store.py, its ``nonblocking`` backend."""
+PostgreSQL: the store's statements with their parameters in binary, a commit cancelled, an
+error at the commit itself, a connection the server ended. The store's contract (fencing, all
+or nothing, alarms with their frames) runs through this path too: tests/test_cluster_store.py,
+its ``nonblocking`` backend."""
 
 from __future__ import annotations
 
@@ -81,27 +82,89 @@ async def test_writes_of_any_address_and_bytes_commit_as_given(pg_conninfo: str)
         store.close()
 
 
-async def test_a_commit_cut_short_closes_its_connection_and_the_next_opens_another(
+async def test_a_commit_sent_ends_through_a_cancellation_and_one_cancelled_before_is_not_sent(
     pg_conninfo: str,
 ) -> None:
-    """Cancelled while PostgreSQL makes it wait (a takeover holds the lease row), the commit's
-    outcome is unknown: its connection is closed, never used again with a statement in
-    flight, and the next commit opens another."""
+    """Cancelled while PostgreSQL makes it wait (a takeover holds the lease row), a commit sent
+    is awaited to its end, as one in a thread was: its outcome is known, and its connection
+    stays in use. A commit cancelled before it was sent sends nothing."""
     store, commits = opened(pg_conninfo)
     try:
         lease = await trio.to_thread.run_sync(store.acquire, 0, TTL, MARGIN)
         assert lease is not None
         await commits.commit([Write(0, lease.epoch, "c/x", 1, b"a")], [])
         first = store.commits.conn
+        ended: list[bool] = []
+
+        async def cut_short() -> None:
+            with trio.move_on_after(0.2) as scope:
+                await commits.commit([Write(0, lease.epoch, "c/x", 2, b"b")], [])
+            ended.append(scope.cancel_called)
+
         with psycopg.connect(pg_conninfo, autocommit=True) as holder:
             holder.execute("BEGIN")
             holder.execute("SELECT * FROM actorkeep_leases WHERE partition = 0 FOR UPDATE")
-            with trio.move_on_after(0.3) as scope:
-                await commits.commit([Write(0, lease.epoch, "c/x", 2, b"b")], [])
-            assert scope.cancelled_caught and first.closed
-            holder.execute("ROLLBACK")
-        await commits.commit([Write(0, lease.epoch, "c/y", 1, b"c")], [])
-        assert store.commits.conn is not first and store.frames("c/y") == [(1, b"c")]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cut_short)
+                await trio.sleep(0.5)  # cancelled at 0.2 s, still waiting for the row
+                assert ended == []
+                await trio.to_thread.run_sync(holder.execute, "ROLLBACK")
+        assert ended == [True] and store.frames("c/x") == [(1, b"a"), (2, b"b")]
+        assert store.commits.conn is first and not first.closed
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await commits.commit([Write(0, lease.epoch, "c/z", 1, b"z")], [])
+        assert scope.cancelled_caught and store.frames("c/z") == []
+        await commits.commit([Write(0, lease.epoch, "c/z", 1, b"z")], [])
+        assert store.frames("c/z") == [(1, b"z")]
+    finally:
+        store.close()
+
+
+async def test_an_error_at_the_commit_itself_is_no_success(pg_conninfo: str) -> None:
+    """PostgreSQL can fail a transaction at its commit, after the statement's rows (here a
+    deferred constraint trigger): the write is not acknowledged (its outcome reads as unknown),
+    and the connection goes on."""
+    store, commits = opened(pg_conninfo)
+    try:
+        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.address LIKE 'refused/%' THEN RAISE EXCEPTION 'refused at commit'; "
+                "END IF; RETURN NULL; END $$"
+            )
+            conn.execute(
+                "CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON actorkeep_frames "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse()"
+            )
+        lease = await trio.to_thread.run_sync(store.acquire, 0, TTL, MARGIN)
+        assert lease is not None
+        e = lease.epoch
+        for writes in (
+            [Write(0, e, "refused/one", 1, b"x")],  # COMMIT_ONE
+            [Write(0, e, "refused/two", 1, b"x"), Write(0, e, "c/ok", 1, b"y")],  # COMMIT_FRAMES
+        ):
+            with pytest.raises(psycopg.OperationalError, match="refused at commit"):
+                await commits.commit(writes, [])
+        assert store.frames("refused/one") == [] and store.frames("c/ok") == []
+        await commits.commit([Write(0, e, "c/ok", 1, b"y")], [])
+        assert store.frames("c/ok") == [(1, b"y")]
+    finally:
+        store.close()
+
+
+async def test_text_goes_right_whatever_the_database_s_client_encoding(pg_conninfo: str) -> None:
+    """Text parameters are UTF-8 bytes, which PostgreSQL reads in the client's encoding: the
+    connection sets UTF-8, or an address would be stored as another one."""
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_conninfo)["dbname"]
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {dbname} SET client_encoding TO 'LATIN1'")
+    store, commits = opened(pg_conninfo)
+    try:
+        lease = await trio.to_thread.run_sync(store.acquire, 0, TTL, MARGIN)
+        assert lease is not None
+        await commits.commit([Write(0, lease.epoch, "c/é", 1, b"x")], [])
+        assert store.frames("c/é") == [(1, b"x")]
     finally:
         store.close()
 

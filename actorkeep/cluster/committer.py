@@ -164,23 +164,29 @@ class Committer:
                 try:
                     results, unknown = await self._commit(writes, changes)
                 except BaseException as exc:
-                    # Cancelled (the host closes): the outcome is unknown, for every write of
-                    # the batch; what was asked for meanwhile was never sent.
+                    # Cancelled (the host closes) before the batch was sent, or a bug: the
+                    # outcome is unknown, for every write of the batch.
                     self._alarms.failed(changes, set())
                     for source in batch:  # an outcome is unwrapped once: one each
                         _end(source, outcome.Error(_as_error(exc)))
+                    if isinstance(exc, Exception):
+                        continue
                     waiting, self._pending = self._pending, []
-                    for source in waiting:
+                    for source in waiting:  # asked for meanwhile: never sent
                         _end(source, outcome.Error(HostClosed("the host closed")))
                     raise
+                # Alarm changes alone (a None write) end as their changes did.
+                alone: outcome.Outcome[None] = outcome.Value(None)
                 if unknown is not None:
-                    self._alarms.failed(*unknown)
+                    alarms, fenced, error = unknown
+                    self._alarms.failed(alarms, fenced)
+                    alone = outcome.Error(error)
                 by_write = iter(results)
                 for source, w in zip(batch, taken, strict=True):
                     if isinstance(w, Write):
                         _end(source, next(by_write))
                     elif w is None:
-                        _end(source, outcome.Value(None))
+                        _end(source, alone)
                     else:
                         _end(source, outcome.Error(w))
         finally:
@@ -188,10 +194,10 @@ class Committer:
 
     async def _commit(
         self, writes: Sequence[Write], changes: Sequence[AlarmChange]
-    ) -> tuple[list[outcome.Outcome[None]], tuple[list[AlarmChange], set[int]] | None]:
+    ) -> tuple[list[outcome.Outcome[None]], tuple[list[AlarmChange], set[int], Exception] | None]:
         """Commit ``writes`` and ``changes``, dropping fenced partitions and committing the
-        rest again; the outcome of each write, and the changes whose outcome is unknown (with
-        the partitions fenced)."""
+        rest again; the outcome of each write, and if the last try failed, the changes whose
+        outcome is unknown, the partitions fenced and the error."""
         fenced: set[int] = set()
         while True:
             live = [w for w in writes if w.partition not in fenced]
@@ -216,7 +222,7 @@ class Committer:
                     alarm_changes=len(alarms),
                     error=repr(exc),
                 )
-                return [outcome.Error(exc) for _ in writes], (alarms, fenced)
+                return [outcome.Error(exc) for _ in writes], (alarms, fenced, exc)
             if live or alarms:
                 self.transactions += 1
                 self.writes += len(live)

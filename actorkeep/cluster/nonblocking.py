@@ -1,8 +1,9 @@
 """A host's commits on its event loop (decision 0016, amended at stop 42): the store's commit
 statement sent on the commits' own connection in libpq's nonblocking mode, its reply awaited
-with trio. A commit then costs no hand-off to a thread and back, and the thread no turn at the
-interpreter lock while the actors' events run. Opening the connection again (after
-PostgreSQL restarted or failed over) blocks, so it runs in a thread.
+with trio (through a cancellation, once it is sent). A commit then costs no hand-off to a
+thread and back, and the thread no turn at the interpreter lock while the actors' events run.
+Opening the connection again (after PostgreSQL restarted or failed over) blocks, so it runs
+in a thread.
 
 The statements are the store's own (``COMMIT_ONE``, ``COMMIT_FRAMES``), prepared once a
 connection with their ``%(name)s`` parameters numbered; the parameters go in PostgreSQL's
@@ -137,7 +138,9 @@ class NonblockingCommits:
 
     async def commit(self, writes: Sequence[Write], alarms: Sequence[AlarmChange]) -> None:
         """As ``ClusterStore.commit``: ``Fenced``; ``NotSent`` if the connection could not be
-        opened (nothing was sent); another error if its outcome is unknown."""
+        opened (nothing was sent); another error if its outcome is unknown. Once sent, the
+        statement's end is awaited even if the caller is cancelled, as a commit in a thread
+        was: its outcome is then known."""
         statement = commit_statement(writes, alarms)
         if statement is None:
             return
@@ -148,19 +151,24 @@ class NonblockingCommits:
             for name, (kind, array) in zip(prepared.names, prepared.kinds, strict=True)
         ]
         conn = await self._connection()
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing is sent
         pgconn = conn.pgconn
         try:
             pgconn.send_query_prepared(
                 prepared.name, values, param_formats=prepared.formats, result_format=pq.Format.TEXT
             )
-            result = await _result(pgconn)
+            with trio.CancelScope(shield=True):
+                results = await _results(pgconn)
         except BaseException:
-            conn.close()  # a statement in flight, its outcome unknown: the next commit reopens
+            conn.close()  # in an unknown state: the next commit opens another
             raise
-        if result.status != pq.ExecStatus.TUPLES_OK:
-            message = result.get_error_message() or "no message"
+        failed = [r for r in results if r.status != pq.ExecStatus.TUPLES_OK]
+        if failed or len(results) != 1:
+            # An error at the commit itself follows the statement's rows: the transaction
+            # rolled back, but this is read as unknown, as any failed statement is.
+            message = failed[0].get_error_message() if failed else f"{len(results)} results"
             raise psycopg.OperationalError(f"a commit failed: {message}")
-        check_held(parts, held_partitions(result.get_value(0, 0)))
+        check_held(parts, held_partitions(results[0].get_value(0, 0)))
 
     async def _connection(self) -> psycopg.Connection[Any]:
         conn = self._ready
@@ -179,6 +187,8 @@ class NonblockingCommits:
         """In a thread: the link's connection (opened again if it must be), its statements
         prepared, in nonblocking mode."""
         with self._link.use() as conn:
+            # Text goes as UTF-8 bytes, which the server reads in the client's encoding.
+            conn.execute("SET client_encoding TO 'UTF8'")
             pgconn = conn.pgconn
             for prepared in _STATEMENTS.values():
                 result = pgconn.prepare(prepared.name, prepared.sql, prepared.types)
@@ -199,12 +209,12 @@ def _usable(conn: psycopg.Connection[Any]) -> bool:
     return pgconn.transaction_status == pq.TransactionStatus.IDLE and not pgconn.is_busy()
 
 
-async def _result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
-    """The result of the statement just sent on ``pgconn`` (nonblocking), once it is whole."""
+async def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """Every result of the statement just sent on ``pgconn`` (nonblocking), once it ended."""
     fd = pgconn.socket
     while pgconn.flush():
         await trio.lowlevel.wait_writable(fd)
-    first: pq.abc.PGresult | None = None
+    results: list[pq.abc.PGresult] = []
     while True:
         pgconn.consume_input()
         if pgconn.is_busy():
@@ -212,9 +222,5 @@ async def _result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
             continue
         result = pgconn.get_result()
         if result is None:
-            break
-        if first is None:
-            first = result
-    if first is None:
-        raise psycopg.OperationalError("a commit had no result")
-    return first
+            return results
+        results.append(result)
