@@ -164,8 +164,8 @@ class Committer:
                 try:
                     results, unknown = await self._commit(writes, changes)
                 except BaseException as exc:
-                    # Cancelled (the host closes) before the batch was sent, or a bug: the
-                    # outcome is unknown, for every write of the batch.
+                    # Cancelled (the host closes; a nonblocking commit is cancelled only
+                    # before it is sent), or a bug: the outcome is unknown, for every write.
                     self._alarms.failed(changes, set())
                     for source in batch:  # an outcome is unwrapped once: one each
                         _end(source, outcome.Error(_as_error(exc)))
