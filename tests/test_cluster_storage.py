@@ -158,6 +158,49 @@ async def test_an_actors_batches_are_folded_into_its_image_as_they_grow(
         nursery.cancel_scope.cancel()
 
 
+async def test_batches_committed_while_a_fold_writes_are_folded_without_another_write(
+    pg_conninfo: str, tmp_path: Path
+) -> None:
+    """A fold reads an actor's batches, then writes the new image; batches committed in
+    between stay counted, and once as many as ``compact_after`` are left, the owner folds again
+    at once, rather than at the actor's next write (which may never come)."""
+    import threading
+
+    create(pg_conninfo, 8)
+    a = cluster_storage(pg_conninfo, tmp_path / "a", "a")
+    a.compact_after = 3
+    store = a.store
+    assert isinstance(store, ClusterStore)
+    real = store.compact
+    folding, go = threading.Event(), threading.Event()
+
+    def held_up(partition: int, epoch: int, address: str, seq: int, image: bytes) -> None:
+        if seq > 0 and not go.is_set():  # a fold's image (not an actor's first one)
+            folding.set()
+            go.wait(10)
+        real(partition, epoch, address, seq, image)
+
+    store.compact = held_up  # type: ignore[method-assign]
+    shard = kv.address_of("k")
+    frames: list[tuple[int, bytes]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        async with open_host(app, storage=a) as t:
+            for i in range(3):  # the third batch starts a fold, held before it writes
+                assert (await call(t, "put", key="k", value=f"v{i}")).status == 200
+            assert await trio.to_thread.run_sync(folding.wait, 10)
+            for i in range(3, 7):  # four more while it is held: counted, not in its image
+                assert (await call(t, "put", key="k", value=f"v{i}")).status == 200
+            go.set()
+            for _ in range(300):  # 3 s at most
+                frames = await trio.to_thread.run_sync(store.frames, shard)
+                if not frames:
+                    break
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert frames == [], [seq for seq, _ in frames]
+
+
 async def test_a_host_whose_partitions_were_taken_acknowledges_nothing(
     pg_conninfo: str, tmp_path: Path
 ) -> None:
