@@ -267,3 +267,20 @@ def test_a_key_with_more_than_max_ops_operations_is_skipped() -> None:
     assert checker.check() == []
     assert (checker.checked, checker.skipped, checker.configurations) == ([], [b"k"], 0)
     assert len(exhaustive(r, max_ops=13)) == 1
+
+
+def test_a_search_that_passes_its_limit_is_given_up_not_failed() -> None:
+    """A key's search that passes ``limit`` configurations (here 50, on a cluster seed's
+    history) is given up and counted, not reported as a violation; with the default limit the
+    same keys are searched to the end. (Cluster seed 172, whose keys hold many writes of
+    unknown outcome, searched for more than five minutes without a limit.)"""
+    from sim.kv.exhaustive import SEARCH_LIMIT
+
+    result = run_seed("kv", 1, cluster=True)
+    n_shards = result.summary["shards"]
+    assert isinstance(n_shards, int)
+    checker = KVExhaustive(result.history, n_shards, max_ops=1000, limit=50)
+    assert checker.check() == [] and checker.gave_up and checker.configurations > 50
+    assert set(checker.gave_up) <= set(checker.checked)
+    full = KVExhaustive(result.history, n_shards, max_ops=1000)
+    assert full.check() == [] and full.gave_up == [] and full.limit == SEARCH_LIMIT
