@@ -116,9 +116,7 @@ async def group(
     done = [0]
     commits = NonblockingCommits(store.commits, trio.to_thread.run_sync)
     async with trio.open_nursery() as nursery:
-        committer = Committer(
-            store, trio.to_thread.run_sync, nursery.start_soon, commit=commits.commit
-        )
+        committer = Committer(commits.commit, nursery.start_soon)
         end = trio.current_time() + seconds
 
         async def writer(i: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -12,8 +13,17 @@ import pytest
 import trio
 
 from actorkeep.cluster import ClusterStore, Fenced, Write, create
-from actorkeep.cluster.committer import Committer
-from actorkeep.cluster.records import AlarmChange
+from actorkeep.cluster.committer import CommitNow, Committer
+from actorkeep.cluster.records import AlarmChange, Store
+
+
+def in_thread(store: Store) -> CommitNow:
+    """``store.commit`` in a thread, as the committer awaits it."""
+
+    async def commit(writes: Sequence[Write], alarms: Sequence[AlarmChange]) -> None:
+        await trio.to_thread.run_sync(store.commit, writes, alarms)
+
+    return commit
 
 
 def write(partition: int, epoch: int, actor: int, seq: int) -> Write:
@@ -29,7 +39,7 @@ async def test_writers_that_ask_together_share_transactions(pg_conninfo: str) ->
         assert lease is not None
         epochs[p] = lease.epoch
     async with trio.open_nursery() as nursery:
-        committer = Committer(store, trio.to_thread.run_sync, nursery.start_soon)
+        committer = Committer(in_thread(store), nursery.start_soon)
 
         async def actor(i: int) -> None:
             for seq in range(1, 11):  # one at a time, as an actor's gate asks
@@ -54,7 +64,7 @@ async def test_a_fenced_writer_fails_alone(pg_conninfo: str) -> None:
     assert b.acquire(1, 30.0, 1.0) is not None
     outcomes: dict[int, object] = {}
     async with trio.open_nursery() as nursery:
-        committer = Committer(a, trio.to_thread.run_sync, nursery.start_soon)
+        committer = Committer(in_thread(a), nursery.start_soon)
 
         async def one(i: int, w: Write) -> None:
             try:
@@ -79,7 +89,7 @@ async def test_a_commit_of_unknown_outcome_fails_its_whole_batch(pg_conninfo: st
     store.commit([write(0, lease.epoch, 0, 1)])
     failed: list[BaseException] = []
     async with trio.open_nursery() as nursery:
-        committer = Committer(store, trio.to_thread.run_sync, nursery.start_soon)
+        committer = Committer(in_thread(store), nursery.start_soon)
 
         async def one(w: Write) -> None:
             try:
@@ -116,7 +126,9 @@ async def test_a_runner_that_fails_fails_its_batch_and_the_next_one_goes_on() ->
         return fn()
 
     async with trio.open_nursery() as nursery:
-        committer = Committer(store, run, nursery.start_soon)
+        committer = Committer(
+            lambda writes, alarms: run(partial(store.commit, writes, alarms)), nursery.start_soon
+        )
         with pytest.raises(RuntimeError, match="no thread"):
             await committer.commit(write(0, lease.epoch, 1, 1))
         await committer.commit(write(0, lease.epoch, 1, 2))  # the next batch commits
@@ -156,7 +168,7 @@ async def test_alarm_changes_of_unknown_outcome_fail_those_that_waited_for_them(
         store.commit(writes, alarms)
 
     async with trio.open_nursery() as nursery:
-        committer = Committer(store, trio.to_thread.run_sync, nursery.start_soon, Index(), commit)
+        committer = Committer(commit, nursery.start_soon, Index())
         with pytest.raises(OSError, match="injected"):
             await committer.commit(None)
         assert requeued == [[AlarmChange(0, lease.epoch, "counter/c1", 5.0)]]

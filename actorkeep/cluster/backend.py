@@ -147,13 +147,7 @@ class ClusterStorage:
         """Keep the leases (a tick every ``ttl / 3``) and run the group commits, until
         cancelled; a planned stop hands the partitions over."""
         async with trio.open_nursery() as nursery:
-            committer = self.committer_class(
-                self.store,
-                self.in_commit_thread,
-                nursery.start_soon,
-                self.alarms,
-                commit=self.commit_now,
-            )
+            committer = self.committer_class(self.commit_now, nursery.start_soon, self.alarms)
             self._committer = committer
             self._nursery = nursery
             nursery.start_soon(self.syncs.end_those_past_their_lease)

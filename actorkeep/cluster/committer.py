@@ -13,8 +13,7 @@ hears the batch's end in the same step, where its next sync can join the next ba
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import outcome
 import structlog
@@ -22,15 +21,14 @@ import trio
 
 from ..errors import HostClosed
 from .connections import NotSent
-from .records import AlarmChange, Fenced, Store, Write
+from .records import AlarmChange, Fenced, Write
 
 log = structlog.get_logger("actorkeep")
 
-#: ``run(fn)``: ``fn()`` in a thread, awaited (the store blocks): the host's sync threads.
-RunInThread = Callable[[Callable[[], Any]], Awaitable[Any]]
 #: ``spawn(fn)``: start the task ``fn()`` (the host's nursery).
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
-#: ``commit(writes, alarms)``: as ``Store.commit``, awaited on the trio thread.
+#: ``commit(writes, alarms)``: ``Store.commit``, awaited (``ClusterStorage.commit_now``: on the
+#: event loop, or in a thread, or the simulator's store).
 CommitNow = Callable[[Sequence[Write], Sequence[AlarmChange]], Awaitable[None]]
 
 
@@ -95,20 +93,15 @@ class _NoAlarms:
 
 
 class Committer:
-    """Commits writes for many actors, one transaction per batch, one batch at a time: with
-    ``commit`` if given (``NonblockingCommits.commit``), else ``store.commit`` run by ``run``
-    (in a thread; the simulator's store)."""
+    """Commits writes for many actors with ``commit``, one transaction per batch, one batch at
+    a time."""
 
     def __init__(
         self,
-        store: Store,
-        run: RunInThread,
+        commit: CommitNow,
         spawn: Spawn,
         alarms: AlarmChanges | None = None,
-        commit: CommitNow | None = None,
     ) -> None:
-        self._store = store
-        self._run = run
         self._commit_now = commit
         self._spawn = spawn
         self._alarms: AlarmChanges = _NoAlarms() if alarms is None else alarms
@@ -203,10 +196,7 @@ class Committer:
             live = [w for w in writes if w.partition not in fenced]
             alarms = [c for c in changes if c.partition not in fenced]
             try:
-                if self._commit_now is not None:
-                    await self._commit_now(live, alarms)
-                else:
-                    await self._run(partial(self._store.commit, live, alarms))
+                await self._commit_now(live, alarms)
             except Fenced as exc:
                 fenced.update(exc.partitions)
                 continue
