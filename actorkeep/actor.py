@@ -59,6 +59,11 @@ class Actor:
     #: ``(request, reply)``: a WebSocket message equal to ``request`` is answered with
     #: ``reply`` by the host, without an event (the actor stays asleep): a client's ping.
     websocket_auto_reply: ClassVar[tuple[str, str] | None] = None
+    #: Run a burst of queued events in one SQLite transaction, one commit for all their
+    #: writes (docs/storage.md, "Runs"). Only for handlers that never ``BEGIN``, ``COMMIT`` or
+    #: ``ROLLBACK`` with raw statements (``self.sql.transaction()`` is fine) nor use
+    #: SQLAlchemy: the ready KV shards do.
+    coalesce_writes: ClassVar[bool] = False
 
     #: The schema migrations of the class's databases, in order (docs/migrations.md): SQL text
     #: or functions of ``ak.MigrationSql``. Append only: the database's ``PRAGMA

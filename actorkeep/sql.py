@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, overload
 
@@ -38,6 +38,22 @@ class DurablePoint(Protocol):
         """Until every write committed so far is durable."""
 
 
+class HeldPoint(DurablePoint, Protocol):
+    """What a run of events in one transaction needs of the gate (``Sql.begin_run``)."""
+
+    def hold_syncs(self, settle: Callable[[], None]) -> None: ...
+
+    def release_syncs(self) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+class RunLost(sqlite3.OperationalError):
+    """The transaction of a run of events ended before the host committed it (a statement
+    SQLite rolls the whole transaction back for, or a COMMIT or ROLLBACK of the handler's):
+    the gated writes it held are not acknowledged."""
+
+
 class Sql:
     """Runs statements on one actor's database. Autocommit unless inside ``transaction()``.
 
@@ -47,12 +63,47 @@ class Sql:
     exec_durable(sql)`` and ``await sync()`` are durable when they return.
     """
 
-    __slots__ = ("_conn", "_gate", "_gate_commit")
+    __slots__ = ("_conn", "_gate", "_gate_commit", "_run")
 
     def __init__(self, conn: sqlite3.Connection, gate: DurablePoint) -> None:
         self._conn = conn
         self._gate = gate
         self._gate_commit = False  # the open transaction commits gated
+        self._run: HeldPoint | None = None  # the gate, while a run of events is open
+
+    # -- runs: events of one actor in one transaction (decision 0030) ---------------------
+    def begin_run(self, gate: HeldPoint) -> None:
+        """Open the transaction the next events of the actor share (the host's, between
+        events, with no transaction open). Until ``settle``, a gated write counts at once
+        (its event's reply waits) and commits with the run; a plain write, a transaction,
+        a wait for durability or anything the host must see committed settles first."""
+        self._conn.execute("BEGIN")
+        self._run = gate
+        gate.hold_syncs(self.settle)
+
+    @property
+    def in_run(self) -> bool:
+        """Whether a run's transaction is open."""
+        return self._run is not None
+
+    def settle(self) -> None:
+        """Commit the run's transaction, if one is open, and let its sync start. If it was
+        lost, or its commit fails, the gate refuses what its writes hold (``RunLost``)."""
+        gate = self._run
+        if gate is None:
+            return
+        self._run = None
+        conn = self._conn
+        try:
+            if not conn.in_transaction:
+                raise RunLost("the transaction of a run of events ended before its commit")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            gate.fail(exc)
+            raise
+        gate.release_syncs()
 
     @overload
     def exec(
@@ -74,6 +125,8 @@ class Sql:
         transaction's commit gated.
         """
         conn = self._conn
+        if self._run is not None:
+            return self._exec_in_run(sql, params, durable)
         if not durable:
             cur = conn.execute(sql, params)
             if self._gate_commit and not conn.in_transaction:
@@ -91,6 +144,25 @@ class Sql:
         self._gate.write()
         return Written(rows, cur.lastrowid, cur.rowcount)
 
+    def _exec_in_run(self, sql: str, params: Params, durable: bool) -> sqlite3.Cursor | Written:
+        conn = self._conn
+        changes = conn.total_changes
+        try:
+            cur = conn.execute(sql, params)
+        except sqlite3.Error:
+            if not conn.in_transaction:  # SQLite rolled the whole transaction back
+                self.settle()  # raises RunLost
+            raise
+        if not conn.in_transaction:  # the statement ended the run's transaction
+            self.settle()  # raises RunLost
+        if durable:
+            rows = cur.fetchall()
+            self._gate.write()  # counted now: its reply waits for the run's commit and sync
+            return Written(rows, cur.lastrowid, cur.rowcount)
+        if cur.description is None or conn.total_changes != changes:
+            self.settle()  # a plain write commits now, as outside a run
+        return cur
+
     def _end_gated(self) -> None:
         self._gate_commit = False
         self._gate.write()
@@ -100,6 +172,7 @@ class Sql:
 
         Inside a transaction only ``"COMMIT"`` is accepted: it ends the transaction durably.
         """
+        self.settle()
         conn = self._conn
         if conn.in_transaction and sql.strip().rstrip(";").strip().upper() not in _ENDS:
             raise RuntimeError(
@@ -122,6 +195,7 @@ class Sql:
     def transaction(self, *, durable: bool = False) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises.
         ``durable=True``: the commit is a gated write."""
+        self.settle()
         conn = self._conn
         if conn.in_transaction:
             raise RuntimeError("a transaction is already open")
@@ -145,4 +219,5 @@ class Sql:
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn.in_transaction
+        """Whether a transaction of the handler's is open (a run's is the host's)."""
+        return self._run is None and self._conn.in_transaction

@@ -82,6 +82,8 @@ class KVShard(ak.Actor):
     """One shard: ``actorkeep_kv`` rows and the ``actorkeep_kv_meta`` version counter."""
 
     callers_only: ClassVar[bool] = True
+    #: Puts queued together commit as one SQLite transaction (decision 0030).
+    coalesce_writes: ClassVar[bool] = True
 
     async def setup(self) -> None:
         sql = self.sql

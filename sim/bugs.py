@@ -4,6 +4,8 @@ through ``Host(gate=...)``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from actorkeep.runtime.gate import Gate
 
 
@@ -15,4 +17,12 @@ class EarlyReplyGate(Gate):
         return False
 
 
-GATE_BUGS: dict[str, type[Gate]] = {"early-reply": EarlyReplyGate}
+class UnheldRunGate(Gate):
+    """Starts a sync at a gated write of a run of events (decision 0030) before the run's
+    transaction commits: the sync covers a write it cannot see, and the reply leaves."""
+
+    def hold_syncs(self, settle: Callable[[], None]) -> None:
+        pass
+
+
+GATE_BUGS: dict[str, type[Gate]] = {"early-reply": EarlyReplyGate, "unheld-run": UnheldRunGate}

@@ -269,10 +269,16 @@ class Activation:
         return self.db.where if self.db is not None else None
 
     def rollback(self) -> None:
-        if self.db is not None and self.db.conn.in_transaction:
-            self.db.conn.execute("ROLLBACK")
-        if self.sql is not None:
-            self.sql.rolled_back()
+        """Roll back the handler's open transaction. A run's (decision 0030) holds whole
+        statements of earlier events: it commits, as their statements would have alone."""
+        try:
+            if self.sql is not None:
+                self.sql.settle()
+        finally:
+            if self.db is not None and self.db.conn.in_transaction:
+                self.db.conn.execute("ROLLBACK")
+            if self.sql is not None:
+                self.sql.rolled_back()
 
     def close(self) -> None:
         self.closed = True

@@ -486,7 +486,8 @@ class AlarmScheduler:
 
 def _writable(act: Activation, what: str) -> Database:
     db = act.db
-    assert db is not None
+    assert db is not None and act.sql is not None
+    act.sql.settle()  # a run's transaction commits first (decision 0030)
     if db.conn.in_transaction:
         raise RuntimeError(f"{what} inside a transaction: end the transaction first")
     return db

@@ -43,6 +43,12 @@ OVERLOAD_LOG_EVERY = 10.0
 
 #: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
 INLINE_YIELD_EVERY = 32
+#: The most events of a run that share one transaction (decision 0030).
+MAX_RUN = 64
+
+
+#: Events that never run inside a run's transaction.
+_OUTSIDE_RUNS = frozenset({"alarm", "checkpoint"})
 
 
 class Dispatcher:
@@ -160,9 +166,8 @@ class Dispatcher:
         damaged = False
         token = set_current_actor(inst)
         try:
-            resp = ev.response(
-                await ev.call_handler(inst), act.db is not None and act.db.conn.in_transaction
-            )
+            result = await ev.call_handler(inst)
+            resp = ev.response(result, act.sql is not None and act.sql.in_transaction)
         except Exception as exc:
             resp = self.failures.failed(act, exc, ev.from_outside)
             damaged = is_damage(exc)
@@ -232,6 +237,8 @@ class Dispatcher:
     async def _worker(self, act: Activation) -> None:
         act.task = current_task()
         inbox = act.inbox
+        coalesce = act.actor_class.cls.coalesce_writes
+        run = 0  # events in the run's transaction so far
         try:
             while True:
                 if not inbox:
@@ -256,6 +263,8 @@ class Dispatcher:
                     elif ev.kind == "checkpoint":
                         await self._checkpoint(act)
                     else:
+                        if coalesce and inbox and not run:
+                            run = self._begin_run(act)
                         result = await self._run(act, ev)
                         gate = act.gate
                         # A socket's event answers nobody outside: its sends are gated.
@@ -268,11 +277,45 @@ class Dispatcher:
                     self.timeouts.reply(ev, outcome.Error(closed))
                     raise
                 finally:
+                    if run:
+                        run = self._go_on_with_run(act, run)
                     self._after_event(act)  # sets act.last_used: now
                     if ev.kind != "checkpoint":
                         act.class_stats.latency[ev.kind].observe(act.last_used - started)
         finally:
             self.retire(act)
+
+    def _begin_run(self, act: Activation) -> int:
+        """Open a run's transaction for the events queued for ``act`` (decision 0030); 1 if
+        it is open, 0 if not (no instance yet: its database's opening, migrations and
+        ``setup()`` run outside runs; or a transaction is open)."""
+        sql, gate = act.sql, act.gate
+        if sql is None or gate is None or sql.in_run or act.db is None or act.instance is None:
+            return 0
+        if act.db.conn.in_transaction or gate.failed is not None:
+            return 0
+        try:
+            sql.begin_run(gate)
+        except Exception as exc:  # the events run one transaction each, as without runs
+            log.warning("could not begin a run", address=act.address, error=repr(exc))
+            return 0
+        return 1
+
+    def _go_on_with_run(self, act: Activation, run: int) -> int:
+        """After an event of a run: commit the run once nothing more of it is queued (or it
+        is long enough, or the next event is no ordinary one); the run's length so far, 0 if
+        it has ended."""
+        sql = act.sql
+        if sql is None or not sql.in_run:
+            return 0  # settled by the event, or its database closed
+        inbox = act.inbox
+        if inbox and run < MAX_RUN and inbox[0].kind not in _OUTSIDE_RUNS and not act.closed:
+            return run + 1
+        try:
+            sql.settle()
+        except Exception as exc:  # the gate refuses what the run's writes hold
+            log.error("a run's commit failed", address=act.address, error=repr(exc))
+        return 0
 
     def _after_event(self, act: Activation) -> None:
         act.current = None
@@ -424,10 +467,9 @@ class Dispatcher:
             act.discard_instance()
             return outcome.Error(busy)
         try:
+            result = await ev.call_handler(inst)
             return outcome.Value(
-                ev.response(
-                    await ev.call_handler(inst), act.db is not None and act.db.conn.in_transaction
-                )
+                ev.response(result, act.sql is not None and act.sql.in_transaction)
             )
         except Exception as exc:
             return self._event_failed(act, ev, exc)

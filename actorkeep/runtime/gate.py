@@ -57,6 +57,7 @@ class Gate:
         "_held",
         "_refuse",
         "_release",
+        "_settle",
         "_spawn",
         "_waiters",
         "closed",
@@ -91,6 +92,8 @@ class Gate:
         self._held: list[tuple[int, Any, outcome.Outcome[Any]]] = []
         self._waiters: list[tuple[int, Task]] = []
         self._after: list[tuple[int, Callable[[], None]]] = []
+        #: While a run of events shares one transaction (``hold_syncs``): what commits it.
+        self._settle: Callable[[], None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -98,13 +101,38 @@ class Gate:
         return self.failed is None and (self.syncing or self.durable < self.seq)
 
     def write(self) -> None:
-        """A gated write has just committed: every output from now on waits until it is
+        """A gated write has just committed (or, while syncs are held, run in the transaction
+        that commits when they are released): every output from now on waits until it is
         durable."""
         self.seq += 1
         self.gated = self.seq
         self.closed = self._closes()
-        if not self.syncing:
+        if not self.syncing and self._settle is None:
             self._start()
+
+    def hold_syncs(self, settle: Callable[[], None]) -> None:
+        """A transaction is open whose writes ``write`` counts before they commit: no sync
+        starts until ``release_syncs`` (a sync reads only what has committed). Whoever must
+        wait for a sync meanwhile calls ``settle``, which commits and releases."""
+        self._settle = settle
+
+    def release_syncs(self) -> None:
+        """The held transaction has committed (or ended): start the sync that waits."""
+        self._settle = None
+        if not self.syncing and self.durable < self.seq and self.failed is None:
+            self._start()
+
+    def settle(self) -> None:
+        """Commit a held transaction now, if one is open (a wait must not wait for it)."""
+        if self._settle is not None:
+            self._settle()
+
+    def fail(self, exc: BaseException) -> None:
+        """Writes counted by ``write`` were lost before a sync could cover them: refuse what
+        waits, as for a failed sync."""
+        self._settle = None
+        if self.failed is None:
+            self._fail(exc)
 
     def _closes(self) -> bool:
         """Whether a gated write closes the gate (always, but for a planted bug)."""
@@ -125,7 +153,7 @@ class Gate:
         so far is durable; never, if a sync fails first."""
         self.seq += 1
         self._after.append((self.seq, fn))
-        if not self.syncing:
+        if not self.syncing and self._settle is None:
             self._start()
 
     def defer(self, output: Callable[[], None]) -> None:
@@ -155,6 +183,7 @@ class Gate:
         if self.failed is not None:
             raise self.error()
         if self.closed:
+            self.settle()
             await self._wait_for(self.gated)
 
     async def sync(self) -> None:
@@ -162,6 +191,7 @@ class Gate:
         a sync fails)."""
         if self.failed is not None:
             raise self.error()
+        self.settle()
         self.seq += 1
         point = self.seq
         if not self.syncing:
@@ -197,14 +227,14 @@ class Gate:
             self._fail(error)
             return
         self._reach(point)
-        if self.durable < self.seq and self.failed is None:
+        if self.durable < self.seq and self.failed is None and self._settle is None:
             self._start()
         else:
             self.syncing = False
 
     async def _drive(self) -> None:
         try:
-            while self.durable < self.seq:
+            while self.durable < self.seq and self._settle is None:
                 point = self.seq
                 try:
                     await self._db.sync()
