@@ -33,6 +33,7 @@ from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
 from .migrate import Migrator
 from .registry import Quarantine
+from .runs import begin_run, go_on_with_run
 from .sockets import INTERNAL, Sockets
 from .stats import HostStats
 from .storage import Database, is_damage, out_of_descriptors
@@ -43,12 +44,6 @@ OVERLOAD_LOG_EVERY = 10.0
 
 #: Inline calls (decision 0001) run without a scheduler pass; one in this many yields anyway.
 INLINE_YIELD_EVERY = 32
-#: The most events of a run that share one transaction (decision 0030).
-MAX_RUN = 64
-
-
-#: Events that never run inside a run's transaction.
-_OUTSIDE_RUNS = frozenset({"alarm", "checkpoint"})
 
 
 class Dispatcher:
@@ -264,7 +259,7 @@ class Dispatcher:
                         await self._checkpoint(act)
                     else:
                         if coalesce and inbox and not run:
-                            run = self._begin_run(act)
+                            run = begin_run(act)
                         result = await self._run(act, ev)
                         gate = act.gate
                         # A socket's event answers nobody outside: its sends are gated.
@@ -278,44 +273,12 @@ class Dispatcher:
                     raise
                 finally:
                     if run:
-                        run = self._go_on_with_run(act, run)
+                        run = go_on_with_run(act, run)
                     self._after_event(act)  # sets act.last_used: now
                     if ev.kind != "checkpoint":
                         act.class_stats.latency[ev.kind].observe(act.last_used - started)
         finally:
             self.retire(act)
-
-    def _begin_run(self, act: Activation) -> int:
-        """Open a run's transaction for the events queued for ``act`` (decision 0030); 1 if
-        it is open, 0 if not (no instance yet: its database's opening, migrations and
-        ``setup()`` run outside runs; or a transaction is open)."""
-        sql, gate = act.sql, act.gate
-        if sql is None or gate is None or sql.in_run or act.db is None or act.instance is None:
-            return 0
-        if act.db.conn.in_transaction or gate.failed is not None:
-            return 0
-        try:
-            sql.begin_run(gate)
-        except Exception as exc:  # the events run one transaction each, as without runs
-            log.warning("could not begin a run", address=act.address, error=repr(exc))
-            return 0
-        return 1
-
-    def _go_on_with_run(self, act: Activation, run: int) -> int:
-        """After an event of a run: commit the run once nothing more of it is queued (or it
-        is long enough, or the next event is no ordinary one); the run's length so far, 0 if
-        it has ended."""
-        sql = act.sql
-        if sql is None or not sql.in_run:
-            return 0  # settled by the event, or its database closed
-        inbox = act.inbox
-        if inbox and run < MAX_RUN and inbox[0].kind not in _OUTSIDE_RUNS and not act.closed:
-            return run + 1
-        try:
-            sql.settle()
-        except Exception as exc:  # the gate refuses what the run's writes hold
-            log.error("a run's commit failed", address=act.address, error=repr(exc))
-        return 0
 
     def _after_event(self, act: Activation) -> None:
         act.current = None
