@@ -156,8 +156,9 @@ class Response:
 
 class ValueReply(Response):
     """A 200 that carries the handler's reply as a Python value, with no body: what a call of
-    a protocol's operation between two actors of one host answers (``Host.call_op``). It never
-    leaves the host; the caller takes a copy of ``value``."""
+    a protocol's operation answers (``Host.call_op``) when the handler returned its reply map.
+    It is never an outside client's reply; the caller takes a copy of ``value`` (from another
+    host of a cluster, the value came over the internal port)."""
 
     __slots__ = ("value",)
 

@@ -6,15 +6,18 @@ unknown)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from actorkeep.cluster import peerwire
+from actorkeep import codec
+from actorkeep.cluster import peer_requests, peerwire
+from actorkeep.cluster import peers as peers_module
+from actorkeep.cluster.peer_requests import UNKNOWN_REQUEST, Elsewhere
 from actorkeep.cluster.peers import (
-    Elsewhere,
     Peers,
     Unreachable,
     serve_connection,
@@ -28,7 +31,9 @@ from actorkeep.errors import (
     Overloaded,
     RemoteError,
 )
-from actorkeep.http import Headers, Request, Response
+from actorkeep.http import Headers, Request, Response, ValueReply
+from actorkeep.routing import Operation
+from actorkeep.wire import kv as kv_wire
 
 SECRET = b"s" * 32
 
@@ -51,6 +56,20 @@ class FakeLocal:
     ) -> Response:
         self.ran.append(("http", class_name, name, request.caller, chain, dict(request.headers)))
         return Response(201, {"x-answer": "yes"}, request.body[::-1])
+
+    async def call_op_local(
+        self,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Response:
+        self.ran.append(("op", caller, chain, address, op, dict(values), timeout))
+        if values.get("expect") is not None:
+            return Response(409, {"content-type": "application/json"}, b'{"no": 1}')
+        return ValueReply({"version": 7, "expires_at": None})
 
     async def call_rpc_local(
         self,
@@ -176,12 +195,75 @@ async def test_a_peers_bad_requests_are_refused_and_the_connection_goes_on(
         ["rpc", "a/x", [], "b/y", "m", {}, -1],
         ["http", "b", "y", "GET", "/", {}, {"h": 1}, b"", None, [], None],
         ["http", "b", "y", "GET", "/", {}, {}, "text", None, [], None],
+        ["op", "a/x", [], "b/y", kv_wire.PUT.path, [], None],
+        ["op", "a/x", [], "no-slash", kv_wire.PUT.path, {}, None],
+        ["op", 1, [], "b/y", kv_wire.PUT.path, {}, None],
+        ["op", "a/x", [], "b/y", 1, {}, None],
         ["nope"],
     ):
         with pytest.raises(BadRequest):
             await p.call(peer, bad, None, "b/y")
     assert local.ran == []
     assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+
+
+class _Unregistered:
+    """An operation this process never declared (``actorkeep.wire.operation_at`` knows none)."""
+
+    path = "/not-declared/v1/op"
+
+    def checked(self, values: Mapping[str, Any], address: str) -> Any:
+        return dict(values)
+
+
+async def test_an_operation_crosses_with_its_frame_and_reply_as_values(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    frame = {"key": b"k", "value": b"v", "expect": None, "ttl": None, "local": False}
+    resp = await p.call_op(peer, "a/x", ("a/x",), "kv/0", kv_wire.PUT, frame, 5.0)
+    assert type(resp) is ValueReply and resp.value == {"version": 7, "expires_at": None}
+    assert kv_wire.PUT.result(resp) == {"version": 7, "expires_at": None}
+    # The owner runs the operation its own process declared at that path, with the values.
+    assert local.ran[-1] == ("op", "a/x", ("a/x",), "kv/0", kv_wire.PUT, frame, 5.0)
+    # A reply the handler gave as a response (a conflict) crosses as one.
+    refused = await p.call_op(peer, "a/x", (), "kv/0", kv_wire.PUT, {**frame, "expect": 3}, None)
+    assert type(refused) is Response and (refused.status, refused.body) == (409, b'{"no": 1}')
+    # An operation the owner does not declare goes to its route, as an outside request would.
+    routed = await p.call_op(peer, "a/x", (), "b/y", _Unregistered(), {"n": 1}, None)
+    assert (routed.status, routed.body) == (201, codec.pack({"n": 1})[::-1])
+    ran: tuple[Any, ...] = local.ran[-1]
+    assert ran[:4] == ("http", "b", "y", "a/x")
+
+
+async def test_a_host_from_before_operations_gets_them_as_requests_to_their_routes(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    number, local = port
+    newer = peer_requests.run_request
+    refused: list[str] = []
+
+    async def older(here: Any, msg: list[Any]) -> Any:  # what a host from before "op" runs
+        if msg[1] == "op":
+            refused.append(msg[5])
+            raise ValueError(UNKNOWN_REQUEST)
+        return await newer(here, msg)
+
+    monkeypatch.setattr(peers_module, "run_request", older)
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    frame = {"key": b"k", "value": b"v"}
+    for _ in range(2):
+        resp = await p.call_op(peer, "a/x", ("a/x",), "kv/0", kv_wire.PUT, frame, None)
+        assert (resp.status, resp.body) == (201, codec.pack(frame)[::-1])
+    assert refused == [kv_wire.PUT.path]  # asked once; then straight to the route
+    http = [r for r in local.ran if r[0] == "http"]
+    assert len(http) == 2 and len(local.ran) == 2
+    _, class_name, name, caller, chain, headers = http[0]
+    assert (class_name, name, caller, chain) == ("kv", "0", "a/x", ("a/x",))
+    assert headers["content-type"] == codec.MSGPACK and headers["x-actorkeep-caller"] == "a/x"
 
 
 async def test_only_a_host_with_the_secret_is_heard(

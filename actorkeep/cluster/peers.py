@@ -3,21 +3,18 @@ it does not own to the owner's internal port, and the owner runs it as if it had
 there, caller and call chain included (they are trusted because every frame is signed with the
 cluster's secret: ``peerwire.py``).
 
-A request is ``[id, "rpc", caller, chain, address, method, args, timeout]`` or ``[id, "http",
-class, name, method, path, query, headers, body, caller, chain, timeout]``; its reply is ``[id,
-0, result]`` (an rpc's value, or ``[status, headers, body]``) or ``[id, 1, [kind, status,
-error, message, retry_after]]``. Many requests share one connection per pair of hosts, each
-answered when its event ends.
+A request is an ``@rpc`` call, an operation of a ready class's protocol, or an HTTP-shaped
+request (``peer_requests.py`` says what each carries). Many requests share one connection per
+pair of hosts, each answered when its event ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import structlog
 import trio
@@ -26,12 +23,20 @@ from ..address import split_address
 from ..errors import (
     CallTimeout,
     HostClosed,
-    OutcomeUnknown,
-    Overloaded,
     RemoteError,
-    error_for_status,
 )
-from ..http import Headers, Request, Response
+from ..http import Request, Response, ValueReply
+from ..routing import Operation
+from .peer_requests import (
+    UNKNOWN_REQUEST,
+    Local,
+    error_of,
+    op_request,
+    outcome_unknown,
+    raise_error,
+    response_of,
+    run_request,
+)
 from .peerwire import Channel, FrameTooLarge, Nonce, PeerRefused, accept, dial
 
 log = structlog.get_logger("actorkeep")
@@ -44,150 +49,8 @@ CONNECT_TIMEOUT: Final = 2.0
 _OK, _ERROR = 0, 1
 
 
-class Elsewhere(Overloaded):
-    """This host does not own the actor's partition (any more): nothing of the event ran, and
-    the caller may send it to the owner."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(f"{address} is not served by this host now", retry_after=1.0)
-
-
 class Unreachable(Exception):
     """The owner's internal port could not be reached: nothing was sent."""
-
-
-def outcome_unknown(address: str) -> OutcomeUnknown:
-    """The connection to the owner was lost after the event was sent, or the owner stopped
-    with it: it may have run."""
-    return OutcomeUnknown(f"lost the host serving {address}; the call may have run")
-
-
-class Local(Protocol):
-    """What a host runs for its peers: the events of the actors it owns (``Elsewhere`` for
-    the others, before anything of the event runs)."""
-
-    async def deliver_local(
-        self,
-        class_name: str,
-        name: str,
-        request: Request,
-        chain: tuple[str, ...],
-        timeout: float | None,
-    ) -> Response: ...
-
-    async def call_rpc_local(
-        self,
-        caller: str,
-        chain: tuple[str, ...],
-        address: str,
-        method: str,
-        args: dict[str, Any],
-        timeout: float | None,
-    ) -> Any: ...
-
-
-# -- what goes on the wire ----------------------------------------------------------------------
-def _error_of(exc: BaseException) -> list[Any]:
-    if isinstance(exc, Elsewhere):
-        return ["elsewhere", 503, "Overloaded", exc.message, exc.retry_after]
-    if isinstance(exc, RemoteError):
-        retry_after = getattr(exc, "retry_after", None)
-        return ["remote", exc.status, exc.error, exc.message, retry_after]
-    if isinstance(exc, OutcomeUnknown):
-        return ["unknown", 503, "OutcomeUnknown", exc.message, exc.retry_after]
-    if isinstance(exc, CallTimeout):
-        return ["timeout", 504, "CallTimeout", str(exc), None]
-    if isinstance(exc, HostClosed):
-        return ["closed", 503, "HostClosed", str(exc), None]
-    return ["remote", 500, "InternalError", "the owner host failed the call", None]
-
-
-def _raise_error(error: Any, address: str) -> None:
-    if type(error) is not list or len(error) != 5:
-        raise PeerRefused("an error reply of the wrong shape")
-    kind, status, name, message, retry_after = error
-    if type(status) is not int or type(name) is not str or type(message) is not str:
-        raise PeerRefused("an error reply of the wrong shape")
-    if kind == "elsewhere":
-        raise Elsewhere(address)
-    if kind == "timeout":
-        raise CallTimeout(message)
-    if kind == "unknown":
-        raise OutcomeUnknown(message)
-    if kind == "closed":
-        # The owner is stopping: the event may have run (cancelled halfway, or its reply
-        # abandoned), so it is not tried again.
-        raise outcome_unknown(address)
-    exc = error_for_status(status, name, message)
-    if isinstance(exc, Overloaded) and isinstance(retry_after, int | float):
-        exc.retry_after = float(retry_after)
-    raise exc
-
-
-def _timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if type(value) not in (int, float) or not (0 < value < math.inf):
-        raise ValueError(f"bad timeout {value!r}")
-    return float(value)
-
-
-def _strings(value: Any, what: str) -> tuple[str, ...]:
-    if type(value) is not list or not all(type(x) is str for x in value):
-        raise ValueError(f"{what} must be a list of strings")
-    return tuple(value)
-
-
-def _string_map(value: Any, what: str) -> dict[str, str]:
-    if type(value) is not dict or not all(
-        type(k) is str and type(v) is str for k, v in value.items()
-    ):
-        raise ValueError(f"{what} must map strings to strings")
-    return value
-
-
-def _text(value: Any, what: str) -> str:
-    if type(value) is not str:
-        raise ValueError(f"{what} must be a string")
-    return value
-
-
-async def _run_request(local: Local, msg: list[Any]) -> Any:
-    """Check a peer's request and run it on ``local``; the reply's result."""
-    op = msg[1] if len(msg) > 1 else None
-    if op == "rpc" and len(msg) == 8:
-        _, _, caller, chain, address, method, args, timeout = msg
-        if type(args) is not dict:
-            raise ValueError("args must be a map")
-        split_address(_text(address, "address"))
-        return await local.call_rpc_local(
-            _text(caller, "caller"),
-            _strings(chain, "chain"),
-            address,
-            _text(method, "method"),
-            args,
-            _timeout(timeout),
-        )
-    if op == "http" and len(msg) == 12:
-        _, _, class_name, name, method, path, query, headers, body, caller, chain, timeout = msg
-        if type(body) is not bytes:
-            raise ValueError("body must be bytes")
-        if caller is not None:
-            _text(caller, "caller")
-        split_address(f"{_text(class_name, 'class')}/{_text(name, 'name')}")
-        request = Request(
-            _text(method, "method"),
-            _text(path, "path"),
-            _string_map(query, "query"),
-            Headers(_string_map(headers, "headers")),
-            body,
-            caller,
-        )
-        resp = await local.deliver_local(
-            class_name, name, request, _strings(chain, "chain"), _timeout(timeout)
-        )
-        return [resp.status, dict(resp.headers.items()), bytes(resp.body)]
-    raise ValueError("not a request this host knows")
 
 
 # -- the listening side -------------------------------------------------------------------------
@@ -224,13 +87,13 @@ async def serve_connection(
 
     async def answer(msg: list[Any]) -> None:
         try:
-            reply = [msg[0], _OK, await _run_request(local, msg)]
+            reply = [msg[0], _OK, await run_request(local, msg)]
         except ValueError as exc:  # a peer's bad request: refused, the host goes on
             reply = [msg[0], _ERROR, ["remote", 400, "BadRequest", str(exc), None]]
         except Exception as exc:
             if not isinstance(exc, RemoteError | CallTimeout | HostClosed):
                 log.exception("an event from another host failed", op=msg[1])
-            reply = [msg[0], _ERROR, _error_of(exc)]
+            reply = [msg[0], _ERROR, error_of(exc)]
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             # The dialer gone: nobody hears it (and nothing of this reaches the host).
             try:
@@ -290,6 +153,7 @@ class _Link:
         self.waiting: dict[int, _Slot] = {}
         self.next_id = 0
         self.broken = False
+        self.takes_ops = True  # until the peer answers an "op" request UNKNOWN_REQUEST
 
     async def read_replies(self) -> None:
         try:
@@ -384,7 +248,11 @@ class Peers:
         ``Unreachable`` if it could not be sent; ``Elsewhere`` if the peer does not own the
         actor; ``OutcomeUnknown`` if the connection broke after it was sent; else the error
         the event raised there."""
-        link = await self._link(peer)
+        return await self._call(await self._link(peer), request, timeout, address)
+
+    async def _call(
+        self, link: _Link, request: list[Any], timeout: float | None, address: str
+    ) -> Any:
         call_id = link.next_id
         link.next_id += 1
         slot = link.waiting[call_id] = _Slot()
@@ -410,7 +278,7 @@ class Peers:
             raise outcome_unknown(address)
         _, status, result = reply
         if status != _OK:
-            _raise_error(result, address)
+            raise_error(result, address)
         return result
 
     async def deliver(
@@ -428,8 +296,7 @@ class Peers:
             dict(request.headers.items()), bytes(request.body), request.caller, list(chain),
             timeout,
         ]  # fmt: skip
-        status, headers, body = await self.call(peer, msg, timeout, f"{class_name}/{name}")
-        return Response(status, headers, body)
+        return response_of(await self.call(peer, msg, timeout, f"{class_name}/{name}"))
 
     async def call_rpc(
         self,
@@ -444,3 +311,33 @@ class Peers:
         """``call_rpc_local`` on ``peer``."""
         msg = ["rpc", caller, list(chain), address, method, args, timeout]
         return await self.call(peer, msg, timeout, address)
+
+    async def call_op(
+        self,
+        peer: str,
+        caller: str,
+        chain: tuple[str, ...],
+        address: str,
+        op: Operation,
+        values: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Response:
+        """``call_op_local`` on ``peer``: a ``ValueReply`` if the handler returned its reply
+        map, else the ``Response``. To a host from before ``op`` requests, as an ``http``
+        request to the operation's route."""
+        link = await self._link(peer)
+        if link.takes_ops:
+            msg = ["op", caller, list(chain), address, op.path, values, timeout]
+            try:
+                result = await self._call(link, msg, timeout, address)
+            except RemoteError as exc:
+                if exc.status != 400 or exc.message != UNKNOWN_REQUEST:
+                    raise
+                link.takes_ops = False  # it ran nothing: send it the route's way
+            else:
+                if type(result) is list and len(result) == 1:
+                    return ValueReply(result[0])
+                return response_of(result)
+        class_name, name = split_address(address)
+        request = op_request(caller, op.path, values)
+        return await self.deliver(peer, class_name, name, request, chain, timeout)

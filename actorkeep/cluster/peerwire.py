@@ -151,8 +151,8 @@ class Channel:
         (length,) = _LENGTH.unpack(await self._reader.exactly(_LENGTH.size))
         if length > MAX_FRAME:
             raise PeerRefused(f"a frame of {length} bytes (at most {MAX_FRAME})")
-        body = await self._reader.exactly(length)
-        mac = await self._reader.exactly(MAC)
+        signed = await self._reader.exactly(length + MAC)  # one read for the value and its MAC
+        body, mac = signed[:length], signed[length:]
         if not hmac.compare_digest(mac, self._sign(self._in_dir, self._received, body)):
             raise PeerRefused("a frame failed its signature check")
         self._received += 1

@@ -18,17 +18,16 @@ from typing import Any, TypeVar
 
 import trio
 
-from .. import codec
-from ..address import split_address
 from ..errors import OutcomeUnknown
-from ..http import Headers, Request, Response, call_headers
+from ..http import Request, Response
 from ..routing import Operation
 from ..runtime.router import Target
 from ..runtime.sockets import ServedElsewhere
 from .backend import ClusterStorage
 from .database import NotServedHere
 from .partitions import partition_of
-from .peers import Elsewhere, Peers, Unreachable
+from .peer_requests import Elsewhere
+from .peers import Peers, Unreachable
 from .records import Lease
 
 T = TypeVar("T")
@@ -38,9 +37,6 @@ PARTITION_CACHE = 65_536
 #: How often at most the router reads the owners again while it waits for one.
 REFRESH_EVERY = 0.1
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.02, 0.25
-
-#: The headers of a protocol operation's frame (shared: ``Headers`` are read-only).
-_MSGPACK = Headers({"content-type": codec.MSGPACK})
 
 
 class ClusterRouter:
@@ -244,24 +240,20 @@ class ClusterRouter:
         values: Mapping[str, Any],
         timeout: float | None,
     ) -> Response:
-        # On the owner's host the frame goes as values (decision 0028); to another host, over
-        # the wire's shape, as an outside request to the operation's route would.
+        # The frame goes as values (decision 0028): to an actor of this host, and packed once
+        # into the request to another host.
         if chain:
             await self.may_leave(chain[-1])
         if self._keeper.accepts(self._partition(address)) is not None:  # the common case
             with contextlib.suppress(Elsewhere):  # the lease ran out just now: route it
                 return await self.call_op_local(caller, chain, address, op, values, timeout)
-        class_name, name = split_address(address)
-        request = Request(
-            "POST", op.path, {}, call_headers(caller, _MSGPACK), codec.pack(values), caller
-        )
 
         async def here(left: float | None) -> Response:
             return await self.call_op_local(caller, chain, address, op, values, left)
 
         async def there(peer: str, left: float | None) -> Response:
             assert self._peers is not None
-            return await self._peers.deliver(peer, class_name, name, request, chain, left)
+            return await self._peers.call_op(peer, caller, chain, address, op, values, left)
 
         return await self._route(address, timeout, here, there)
 

@@ -35,6 +35,7 @@ __all__ = [
     "Protocol",
     "decode",
     "error_of",
+    "operation_at",
     "reply_response",
 ]
 
@@ -81,7 +82,18 @@ class Protocol:
             raise ValueError(f"{self.name} already has an operation {name!r}")
         op = Op(self, name, fields, reply or {}, validate, exact_reply)
         self.ops[name] = op
+        _AT_PATH.setdefault(op.path, op)
         return op
+
+
+#: Every operation declared in this process, by path: the first declared of a path.
+_AT_PATH: dict[str, Op] = {}
+
+
+def operation_at(path: str) -> Op | None:
+    """The operation at ``path`` (``/<protocol>/v<version>/<op>``), if one was declared in
+    this process: how a cluster host reads an operation another host names."""
+    return _AT_PATH.get(path)
 
 
 class Op:
