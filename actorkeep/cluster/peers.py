@@ -11,6 +11,7 @@ pair of hosts, each answered when its event ends.
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -136,13 +137,16 @@ async def serve_peers(
 
 # -- the dialing side ---------------------------------------------------------------------------
 class _Slot:
-    """Where one call's reply lands: ``reply`` is None if the connection ended first."""
+    """Where one call's reply lands: ``reply`` is None if the connection ended first, or if
+    ``deadline`` passed first (``late``)."""
 
-    __slots__ = ("done", "reply")
+    __slots__ = ("deadline", "done", "late", "reply")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.reply: list[Any] | None = None
+        self.deadline = math.inf
+        self.late = False
 
 
 class _Link:
@@ -193,16 +197,38 @@ class Peers:
         self._links: dict[str, _Link] = {}
         self._dialing: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
+        self._deadlines = trio.CancelScope()  # the watcher's sleep until the earliest deadline
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the connections' reader tasks until cancelled."""
+        """Hold the connections' reader tasks, and watch the calls' deadlines, until
+        cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             try:
-                await trio.sleep_forever()
+                await self._watch_deadlines()
             finally:
                 self._nursery = None
+
+    async def _watch_deadlines(self) -> None:
+        # One task for every call's deadline: a cancel scope per call costs more than the rest
+        # of the caller's side of a call (as the host's CallTimeouts found).
+        while True:
+            now, earliest = trio.current_time(), math.inf
+            for link in list(self._links.values()):
+                for slot in link.waiting.values():
+                    if slot.deadline <= now:
+                        slot.late = True
+                        slot.done.set()
+                    elif slot.deadline < earliest:
+                        earliest = slot.deadline
+            with trio.CancelScope(deadline=earliest) as self._deadlines:
+                await trio.sleep_forever()
+
+    def _watch(self, slot: _Slot, deadline: float) -> None:
+        slot.deadline = deadline
+        if deadline < self._deadlines.deadline:
+            self._deadlines.deadline = deadline
 
     async def _link(self, peer: str) -> _Link:
         link = self._links.get(peer)
@@ -264,13 +290,11 @@ class Peers:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 link.broken = True  # the next call dials again
                 raise outcome_unknown(address) from None
-            if timeout is None:
-                await slot.done.wait()
-            else:
-                with trio.move_on_after(timeout + GRACE):
-                    await slot.done.wait()
-                if not slot.done.is_set():
-                    raise CallTimeout(f"{address} did not answer in {timeout} s")
+            if timeout is not None:
+                self._watch(slot, trio.current_time() + timeout + GRACE)
+            await slot.done.wait()
+            if slot.late:
+                raise CallTimeout(f"{address} did not answer in {timeout} s")
         finally:
             link.waiting.pop(call_id, None)
         reply = slot.reply
