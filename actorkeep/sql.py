@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Literal, Protocol, overload
 
 Params = Sequence[Any] | dict[str, Any]
@@ -99,9 +99,10 @@ class Sql:
                 raise RunLost("the transaction of a run of events ended before its commit")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            gate.fail(exc)  # first: nothing the run held may be acknowledged
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            gate.fail(exc)
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
         gate.release_syncs()
 

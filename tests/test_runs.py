@@ -343,3 +343,24 @@ def test_a_failed_statement_in_a_run_keeps_the_run(
     assert sql.in_run
     sql.settle()
     assert db.started == [1] and gate.failed is None
+
+
+def test_a_run_whose_commit_fails_refuses_what_it_held(
+    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+) -> None:
+    """A deferred constraint is checked at the run's commit: it fails, and nothing of the
+    run is acknowledged (every event of it, not the one that broke the constraint alone)."""
+    conn, db, gate, released = opened
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("CREATE TABLE child (p INTEGER REFERENCES t (x) DEFERRABLE INITIALLY DEFERRED)")
+    sql = Sql(conn, gate)
+    sql.begin_run(gate)
+    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    gate.hold("first", outcome.Value(1))
+    sql.exec("INSERT INTO child VALUES (99)", durable=True)  # no row 99: fails at the commit
+    gate.hold("second", outcome.Value(2))
+    with pytest.raises(sqlite3.IntegrityError):
+        sql.settle()
+    assert gate.failed is not None and not conn.in_transaction
+    assert released == [("refused", "first"), ("refused", "second")] and db.started == []
+    assert db.reader.execute("SELECT count(*) FROM t").fetchone() == (0,)
