@@ -60,9 +60,8 @@ class Actor:
     #: ``reply`` by the host, without an event (the actor stays asleep): a client's ping.
     websocket_auto_reply: ClassVar[tuple[str, str] | None] = None
     #: Run a burst of queued events in one SQLite transaction, one commit for all their
-    #: writes (docs/storage.md, "Runs"). Only for handlers that never ``BEGIN``, ``COMMIT`` or
-    #: ``ROLLBACK`` with raw statements (``self.sql.transaction()`` is fine) nor use
-    #: SQLAlchemy: the ready KV shards do.
+    #: gated writes (docs/storage.md, "Runs"; the ready KV shards do). A failed commit, a
+    #: deferred constraint say, then refuses every event of the burst.
     coalesce_writes: ClassVar[bool] = False
 
     #: The schema migrations of the class's databases, in order (docs/migrations.md): SQL text
@@ -106,7 +105,10 @@ class Actor:
 
     @property
     def db(self) -> sqlalchemy.Connection:
-        """A SQLAlchemy ``Connection`` on this actor's database (same connection as ``sql``)."""
+        """A SQLAlchemy ``Connection`` on this actor's database (same connection as ``sql``).
+        In a run (``coalesce_writes``) its transaction commits first: SQLAlchemy's statements
+        run as outside one."""
+        self.sql.settle()
         if self._ak_db is None:
             self._ak_db = self._ak.sqlalchemy_connection()
         return self._ak_db

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -36,6 +37,25 @@ class DurablePoint(Protocol):
 
     async def sync(self) -> None:
         """Until every write committed so far is durable."""
+
+
+#: What a run's transaction takes: gated writes of these kinds, plain reads (decision 0030).
+_GATED_IN_RUN = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE"})
+_READ = frozenset({"SELECT"})
+_FIRST_WORD = re.compile(r"\s*([A-Za-z]+)")
+_first_words: dict[str, str] = {}
+
+
+def _first_word(sql: str) -> str:
+    """The statement's first keyword, upper case ("" if it starts otherwise, a comment say)."""
+    word = _first_words.get(sql)
+    if word is None:
+        found = _FIRST_WORD.match(sql)
+        word = found.group(1).upper() if found else ""
+        if len(_first_words) >= 1024:
+            _first_words.clear()
+        _first_words[sql] = word
+    return word
 
 
 class HeldPoint(DurablePoint, Protocol):
@@ -100,8 +120,8 @@ class Sql:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             gate.fail(exc)  # first: nothing the run held may be acknowledged
-            if conn.in_transaction:
-                with suppress(sqlite3.Error):
+            with suppress(sqlite3.Error):  # the failure may have closed the connection
+                if conn.in_transaction:
                     conn.execute("ROLLBACK")
             raise
         gate.release_syncs()
@@ -146,23 +166,28 @@ class Sql:
         return Written(rows, cur.lastrowid, cur.rowcount)
 
     def _exec_in_run(self, sql: str, params: Params, durable: bool) -> sqlite3.Cursor | Written:
+        # In the run's transaction: a gated INSERT, UPDATE, DELETE or REPLACE (its reply waits
+        # for the run's commit and sync), or a plain SELECT. Anything else commits the run
+        # first and runs as outside one: a plain write must be committed before its reply can
+        # leave, and a PRAGMA, VACUUM, SAVEPOINT or BEGIN must not land in the run's
+        # transaction.
+        if _first_word(sql) not in (_GATED_IN_RUN if durable else _READ):
+            self.settle()
+            return self.exec(sql, params, durable=True) if durable else self.exec(sql, params)
         conn = self._conn
-        changes = conn.total_changes
         try:
             cur = conn.execute(sql, params)
         except sqlite3.Error:
             if not conn.in_transaction:  # SQLite rolled the whole transaction back
                 self.settle()  # raises RunLost
             raise
-        if not conn.in_transaction:  # the statement ended the run's transaction
+        if not durable:
+            return cur
+        rows = cur.fetchall()
+        if not conn.in_transaction:  # an ON CONFLICT ROLLBACK rolled the run back
             self.settle()  # raises RunLost
-        if durable:
-            rows = cur.fetchall()
-            self._gate.write()  # counted now: its reply waits for the run's commit and sync
-            return Written(rows, cur.lastrowid, cur.rowcount)
-        if cur.description is None or conn.total_changes != changes:
-            self.settle()  # a plain write commits now, as outside a run
-        return cur
+        self._gate.write()  # counted now: its reply waits for the run's commit and sync
+        return Written(rows, cur.lastrowid, cur.rowcount)
 
     def _end_gated(self) -> None:
         self._gate_commit = False

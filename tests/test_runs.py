@@ -44,10 +44,32 @@ class _Tally(ak.Actor):
         raise ValueError("the handler failed after its write")
 
     @ak.rpc
-    async def add_then_roll_back(self, x: int) -> None:
-        """What a handler of a coalescing class must not do: end the run's transaction."""
+    async def add_twice_or_roll_back(self, x: int) -> None:
+        """The second insert conflicts, and ``OR ROLLBACK`` makes SQLite roll back the whole
+        transaction: in a run, the run's."""
         self.sql.exec("INSERT INTO t VALUES (?, zeroblob(100))", (x,), durable=True)
-        self.sql.exec("ROLLBACK")
+        self.sql.exec("INSERT OR ROLLBACK INTO t VALUES (?, zeroblob(100))", (x,), durable=True)
+
+    @ak.rpc
+    async def add_in_raw_transaction(self, x: int) -> int:
+        """``BEGIN`` and ``COMMIT`` of the handler's own: a run commits first."""
+        self.sql.exec("BEGIN IMMEDIATE")
+        self.sql.exec("INSERT INTO t VALUES (?, zeroblob(100))", (x,))
+        await self.sql.exec_durable("COMMIT")
+        return x
+
+    @ak.rpc
+    async def add_plain_returning(self, x: int) -> int:
+        """A plain write: committed before its reply leaves, in a run as outside one."""
+        (row,) = self.sql.exec(
+            "INSERT INTO t VALUES (?, zeroblob(100)) RETURNING x", (x,)
+        ).fetchall()
+        return int(row[0])
+
+    @ak.rpc
+    async def wipe(self) -> str:
+        await self.delete_all()
+        return "wiped"
 
     @ak.rpc
     async def add_in_transaction(self, x: int) -> int:
@@ -198,7 +220,7 @@ async def test_a_run_whose_transaction_a_handler_ended_refuses_what_it_held(
             await trio.sleep(0.05)
             nursery.start_soon(do, 1, "add")
             await trio.sleep(0.01)  # queued in this order
-            nursery.start_soon(do, 2, "add_then_roll_back")
+            nursery.start_soon(do, 2, "add_twice_or_roll_back")
         # 1's write was rolled back with the run: it is never acknowledged.
         assert results[1] != 200 and results[2] != 200, results
         status, rows = await call(host, "tally/a", "rows")
@@ -294,10 +316,11 @@ def test_a_plain_write_in_a_run_commits_at_once_and_a_read_does_not(
     sql.exec("INSERT INTO t VALUES (1)", durable=True)
     assert sql.exec("SELECT count(*) FROM t").fetchone() == (1,)
     assert sql.in_run  # a read leaves the run open
-    sql.exec("INSERT INTO t VALUES (2)")
-    assert not sql.in_run and not conn.in_transaction  # committed with the run's write
+    assert db.started == []
+    sql.exec("INSERT INTO t VALUES (2) RETURNING x")  # the run commits before it runs
+    assert not sql.in_run and not conn.in_transaction
     assert db.reader.execute("SELECT count(*) FROM t").fetchone() == (2,)
-    assert db.started == [2]
+    assert db.started == [1]  # the run's sync
 
 
 def test_a_wait_for_durability_in_a_run_commits_it_first(
@@ -327,7 +350,7 @@ def test_a_run_lost_to_its_handler_fails_the_gate(
     sql.exec("INSERT INTO t VALUES (1)", durable=True)
     gate.hold("one", outcome.Value(1))
     with pytest.raises(RunLost):
-        sql.exec("ROLLBACK")
+        sql.exec("INSERT OR ROLLBACK INTO t VALUES (1)", durable=True)
     assert gate.failed is not None and released == [("refused", "one")] and db.started == []
 
 
@@ -364,3 +387,126 @@ def test_a_run_whose_commit_fails_refuses_what_it_held(
     assert gate.failed is not None and not conn.in_transaction
     assert released == [("refused", "first"), ("refused", "second")] and db.started == []
     assert db.reader.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["PRAGMA foreign_keys=ON", "SAVEPOINT sp", "BEGIN", "VACUUM", "-- a comment\nSELECT 1"],
+)
+def test_a_statement_a_run_does_not_take_commits_the_run_first(
+    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]], statement: str
+) -> None:
+    conn, db, gate, _ = opened
+    sql = Sql(conn, gate)
+    sql.begin_run(gate)
+    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    sql.exec(statement)
+    assert not sql.in_run and db.started == [1]
+    if statement == "PRAGMA foreign_keys=ON":  # outside a transaction it takes effect
+        assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+
+
+def test_an_acknowledged_plain_write_survives_a_failed_commit_of_its_run(
+    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+) -> None:
+    conn, db, gate, _ = opened
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("CREATE TABLE child (p INTEGER REFERENCES t (x) DEFERRABLE INITIALLY DEFERRED)")
+    sql = Sql(conn, gate)
+    sql.begin_run(gate)
+    sql.exec("SELECT count(*) FROM t").fetchone()
+    assert sql.exec("INSERT INTO t VALUES (1) RETURNING x").fetchall() == [(1,)]
+    assert not gate.closed  # a plain write: its reply may leave now
+    sql.begin_run(gate)  # the next events' run
+    sql.exec("INSERT INTO child VALUES (99)", durable=True)
+    with pytest.raises(sqlite3.IntegrityError):
+        sql.settle()
+    assert db.reader.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+async def test_a_run_whose_last_events_were_abandoned_commits_before_the_worker_parks(
+    data_dir: Path,
+) -> None:
+    """The run begun for 1 (with 2 queued) ends when 2's caller has given up: nothing is
+    queued when the worker would park, so the run commits then, and 1's reply leaves after
+    one sync, not when the idle actor is evicted."""
+    async with open_host(app, data_dir) as host:
+        assert await call(host, "tally/a", "rows") == (200, [])
+        await trio.sleep(0.2)
+        took: dict[int, float] = {}
+
+        async def add(x: int) -> None:
+            start = trio.current_time()
+            assert await call(host, "tally/a", "add", x=x) == (200, x)
+            took[x] = trio.current_time() - start
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
+            await trio.sleep(0.05)
+            nursery.start_soon(add, 1)
+            await trio.sleep(0.01)
+            async with trio.open_nursery() as gives_up:
+                gives_up.start_soon(add, 2)
+                await trio.sleep(0.01)
+                gives_up.cancel_scope.cancel()
+        assert took[1] < 2.0, took
+        # An event the actor runs in the caller's task now (idle) is not in a stale run.
+        with trio.fail_after(2):
+            assert await call(host, "tally/a", "add_in_transaction", x=3) == (200, 3)
+        assert await call(host, "tally/a", "rows") == (200, [0, 1, 3])
+
+
+async def test_a_plain_write_in_a_run_is_committed_when_its_reply_leaves(
+    data_dir: Path,
+) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await call(host, "tally/a", "rows") == (200, [])
+        committed: dict[str, Any] = {}
+
+        async def plain() -> None:
+            committed["reply"] = await call(host, "tally/a", "add_plain_returning", x=7)
+            (path,) = (data_dir / "actors" / "tally").rglob("a.sqlite")
+            reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:  # what another connection (and a crash now) sees
+                committed["rows"] = [r[0] for r in reader.execute("SELECT x FROM t")]
+            finally:
+                reader.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
+            await trio.sleep(0.05)
+            nursery.start_soon(plain)  # a run: another event waits 1 s behind it
+            await trio.sleep(0.01)
+            nursery.start_soon(partial(call, host, "tally/a", "add", x=8, pause=1.0))
+        assert committed["reply"] == (200, 7) and 7 in committed["rows"], committed
+
+
+async def test_raw_transactions_and_delete_all_work_in_a_run(data_dir: Path) -> None:
+    async with open_host(app, data_dir) as host:
+        assert await call(host, "tally/a", "rows") == (200, [])
+        results: dict[int, Any] = {}
+
+        async def do(x: int, method: str) -> None:
+            results[x] = await call(host, "tally/a", method, x=x)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
+            await trio.sleep(0.05)
+            for x, method in ((1, "add"), (2, "add_in_raw_transaction"), (3, "add")):
+                nursery.start_soon(do, x, method)
+                await trio.sleep(0.01)
+        assert results == {1: (200, 1), 2: (200, 2), 3: (200, 3)}
+        assert await call(host, "tally/a", "rows") == (200, [0, 1, 2, 3])
+
+        wiped: list[Any] = []
+
+        async def wipe() -> None:
+            wiped.append(await call(host, "tally/a", "wipe"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(call, host, "tally/a", "add", x=4, pause=0.2))
+            await trio.sleep(0.05)
+            nursery.start_soon(do, 5, "add")
+            await trio.sleep(0.01)
+            nursery.start_soon(wipe)
+        assert wiped == [(200, "wiped")] and results[5] == (200, 5)

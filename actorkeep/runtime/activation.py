@@ -357,8 +357,9 @@ class Activation:
 
     async def delete_all(self) -> None:
         db = self.db
-        if db is None or self.gate is None:
+        if db is None or self.gate is None or self.sql is None:
             raise RuntimeError(f"{self.address}: its database is closed")
+        self.sql.settle()  # a run's transaction commits first (decision 0030)
         conn = db.conn
         if conn.in_transaction:
             raise RuntimeError("delete_all() cannot run inside a transaction: commit it first")

@@ -33,7 +33,7 @@ from .gate import Gate
 from .handoff import STOP, CallTimeouts, Event, park, wake
 from .migrate import Migrator
 from .registry import Quarantine
-from .runs import begin_run, go_on_with_run
+from .runs import OUTSIDE_RUNS, begin_run, end_run, go_on_with_run
 from .sockets import INTERNAL, Sockets
 from .stats import HostStats
 from .storage import Database, is_damage, out_of_descriptors
@@ -237,6 +237,8 @@ class Dispatcher:
         try:
             while True:
                 if not inbox:
+                    if run:  # the events left of it were abandoned: none is queued now
+                        run = end_run(act)
                     if act.closed:
                         return  # evicted while its last event ran
                     if act.reset_pending:
@@ -249,6 +251,8 @@ class Dispatcher:
                 if ev.abandoned:  # its caller is gone: skip it, but it was activity
                     self.activations.used(act)
                     continue
+                if run and ev.kind in OUTSIDE_RUNS:  # behind abandoned events of the run
+                    run = end_run(act)
                 act.current = ev
                 started = self.now()
                 try:

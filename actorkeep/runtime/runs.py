@@ -14,7 +14,7 @@ log = structlog.get_logger("actorkeep")
 #: The most events of a run that share one transaction.
 MAX_RUN = 64
 #: Events that never run inside a run's transaction.
-_OUTSIDE_RUNS = frozenset({"alarm", "checkpoint"})
+OUTSIDE_RUNS = frozenset({"alarm", "checkpoint"})
 
 
 def begin_run(act: Activation) -> int:
@@ -34,6 +34,17 @@ def begin_run(act: Activation) -> int:
     return 1
 
 
+def end_run(act: Activation) -> int:
+    """Commit the run now (the worker parks, or takes an alarm or checkpoint event); 0."""
+    sql = act.sql
+    if sql is not None:
+        try:
+            sql.settle()
+        except Exception as exc:  # the gate refuses what the run's writes hold
+            log.error("a run's commit failed", address=act.address, error=repr(exc))
+    return 0
+
+
 def go_on_with_run(act: Activation, run: int) -> int:
     """After the ``run``-th event of a run: commit it once nothing more of it is queued (or
     it is ``MAX_RUN`` long, or the next event is no ordinary one); the run's length so far, 0
@@ -42,10 +53,6 @@ def go_on_with_run(act: Activation, run: int) -> int:
     if sql is None or not sql.in_run:
         return 0  # settled by the event, or its database closed
     inbox = act.inbox
-    if inbox and run < MAX_RUN and inbox[0].kind not in _OUTSIDE_RUNS and not act.closed:
+    if inbox and run < MAX_RUN and inbox[0].kind not in OUTSIDE_RUNS and not act.closed:
         return run + 1
-    try:
-        sql.settle()
-    except Exception as exc:  # the gate refuses what the run's writes hold
-        log.error("a run's commit failed", address=act.address, error=repr(exc))
-    return 0
+    return end_run(act)
