@@ -15,6 +15,7 @@ from typing import Any
 import outcome
 import pytest
 import trio
+import trio.testing
 
 import actorkeep as ak
 import actorkeep.runtime.storage as storage
@@ -22,6 +23,7 @@ from actorkeep.runtime.gate import Gate
 from actorkeep.sql import RunLost, Sql
 from actorkeep.testing import open_host
 from sim.bugs import UnheldRunGate
+from sim.storage import SimStorage
 
 app = ak.App()
 
@@ -510,3 +512,45 @@ async def test_raw_transactions_and_delete_all_work_in_a_run(data_dir: Path) -> 
             await trio.sleep(0.01)
             nursery.start_soon(wipe)
         assert wiped == [(200, "wiped")] and results[5] == (200, 5)
+
+
+@pytest.mark.parametrize("fsync_tasks", [False, True], ids=["gate-task", "storage-tasks"])
+async def test_a_closed_databases_sync_waits_for_a_run_on_its_next_connection_in_simulation(
+    autojump_clock: trio.testing.MockClock, fsync_tasks: bool
+) -> None:
+    """The simulator's storage cannot take the committed image of a connection in a
+    transaction. A sync of an evicted actor's old connection may come while its next one has
+    a run open (an event of it waits 8 s): it waits for the run to end, and every reply is
+    200, as on a disk (the simulator raised, and refused 2, at first)."""
+    delay = [0.0]
+    disk = SimStorage(fsync_delay=lambda: delay[0])
+    view = disk.view()
+    results: dict[int, Any] = {}
+
+    async def add(x: int, pause: float = 0.0) -> None:
+        results[x] = await call(host, "tally/a", "add", x=x, pause=pause)
+
+    async with trio.open_nursery() as fsyncs:
+        if fsync_tasks:
+            view.spawn = fsyncs.start_soon  # as sim.World runs its hosts
+        async with open_host(app, storage=view) as host:
+            assert await call(host, "tally/a", "rows") == (200, [])
+            await trio.sleep(1)
+            delay[0] = 5.0  # every fsync now takes 5 s
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(add, 1)
+                await trio.sleep(0.01)
+                nursery.start_soon(add, 2)  # its write waits for the next sync
+                await trio.sleep(0.5)
+                act = host.host.activations.get("tally/a")
+                assert act is not None and act.parked and act.gate is not None
+                assert act.gate.busy
+                host.host.activations.evict(act)  # idle, with a sync in flight
+                await trio.sleep(0.01)
+                nursery.start_soon(add, 3, 1.0)  # opens it again, outside a run
+                await trio.sleep(0.1)
+                nursery.start_soon(add, 4, 8.0)  # begins a run, and waits after its write
+                await trio.sleep(0.01)
+                nursery.start_soon(add, 5)
+            assert results == {x: (200, x) for x in range(1, 6)}, results
+            assert await call(host, "tally/a", "rows") == (200, [1, 2, 3, 4, 5])
