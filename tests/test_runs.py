@@ -69,7 +69,7 @@ class _Tally(ak.Actor):
         return int(row[0])
 
     @ak.rpc
-    async def wipe(self) -> str:
+    async def wipe(self, x: int = 0) -> str:
         await self.delete_all()
         return "wiped"
 
@@ -187,22 +187,31 @@ async def test_no_sync_starts_before_the_run_commits_even_while_an_event_waits(
         assert all(seen >= count for count, seen in acknowledged), acknowledged
 
 
+async def _queued_in_a_run(
+    host: ak.testing.TestHost, first: int, *queued: tuple[str, int]
+) -> list[Any]:
+    """The replies to ``queued`` (``(method, x)``, queued in this order) behind an ``add`` of
+    ``first`` to ``tally/a`` that waits 0.2 s in its handler: they run as one run."""
+    replies: list[Any] = [None] * len(queued)
+
+    async def one(i: int, method: str, x: int) -> None:
+        replies[i] = await call(host, "tally/a", method, x=x)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(call, host, "tally/a", "add", x=first, pause=0.2))
+        await trio.sleep(0.05)
+        for i, (method, x) in enumerate(queued):
+            nursery.start_soon(one, i, method, x)
+            await trio.sleep(0.01)  # queued in this order
+    return replies
+
+
 async def test_a_failed_event_in_a_run_keeps_the_writes_before_it(data_dir: Path) -> None:
     async with open_host(app, data_dir) as host:
         assert await call(host, "tally/a", "rows") == (200, [])
-        results: dict[int, int] = {}
-
-        async def do(x: int) -> None:
-            results[x], _ = await call(host, "tally/a", "add_then_fail" if x == 3 else "add", x=x)
-
-        async with trio.open_nursery() as nursery:
-            # 0 waits in its handler while the others queue behind it: a run.
-            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
-            await trio.sleep(0.05)
-            for x in range(1, 7):
-                nursery.start_soon(do, x)
-                await trio.sleep(0.01)  # queued in this order
-        assert results == {1: 200, 2: 200, 3: 500, 4: 200, 5: 200, 6: 200}
+        queued = [("add_then_fail" if x == 3 else "add", x) for x in range(1, 7)]
+        replies = await _queued_in_a_run(host, 0, *queued)
+        assert [status for status, _ in replies] == [200, 200, 500, 200, 200, 200]
         # As without runs: the failed event's own statement stays, as autocommit keeps it.
         assert await call(host, "tally/a", "rows") == (200, list(range(7)))
 
@@ -212,19 +221,9 @@ async def test_a_run_whose_transaction_a_handler_ended_refuses_what_it_held(
 ) -> None:
     async with open_host(app, data_dir) as host:
         assert await call(host, "tally/a", "rows") == (200, [])
-        results: dict[int, int] = {}
-
-        async def do(x: int, method: str) -> None:
-            results[x], _ = await call(host, "tally/a", method, x=x)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
-            await trio.sleep(0.05)
-            nursery.start_soon(do, 1, "add")
-            await trio.sleep(0.01)  # queued in this order
-            nursery.start_soon(do, 2, "add_twice_or_roll_back")
+        replies = await _queued_in_a_run(host, 0, ("add", 1), ("add_twice_or_roll_back", 2))
         # 1's write was rolled back with the run: it is never acknowledged.
-        assert results[1] != 200 and results[2] != 200, results
+        assert [status for status, _ in replies] != [200, 200] and replies[0][0] != 200
         status, rows = await call(host, "tally/a", "rows")
         assert status == 200 and 1 not in rows and 2 not in rows
 
@@ -232,18 +231,8 @@ async def test_a_run_whose_transaction_a_handler_ended_refuses_what_it_held(
 async def test_a_transaction_in_a_run_commits_the_run_first(data_dir: Path) -> None:
     async with open_host(app, data_dir) as host:
         assert await call(host, "tally/a", "rows") == (200, [])
-        results: dict[int, Any] = {}
-
-        async def do(x: int, method: str) -> None:
-            results[x] = await call(host, "tally/a", method, x=x)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
-            await trio.sleep(0.05)
-            for x, method in ((1, "add"), (2, "add_in_transaction"), (3, "add")):
-                nursery.start_soon(do, x, method)
-                await trio.sleep(0.01)  # queued in this order
-        assert results == {1: (200, 1), 2: (200, 2), 3: (200, 3)}
+        queued = (("add", 1), ("add_in_transaction", 2), ("add", 3))
+        assert await _queued_in_a_run(host, 0, *queued) == [(200, 1), (200, 2), (200, 3)]
         assert await call(host, "tally/a", "rows") == (200, [0, 1, 2, 3])
 
 
@@ -292,6 +281,19 @@ def opened(tmp_path: Path) -> Iterator[tuple[sqlite3.Connection, _Store, Gate, l
     conn.close()
 
 
+_OneWrite = tuple[sqlite3.Connection, _Store, Gate, list[Any], Sql]
+
+
+@pytest.fixture
+def one_write(opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]]) -> _OneWrite:
+    """A run begun on ``opened``, and a gated write of 1 in it."""
+    conn, db, gate, released = opened
+    sql = Sql(conn, gate)
+    sql.begin_run(gate)
+    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    return conn, db, gate, released, sql
+
+
 def test_a_gated_write_in_a_run_is_held_and_synced_only_after_the_commit(
     opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
 ) -> None:
@@ -310,12 +312,9 @@ def test_a_gated_write_in_a_run_is_held_and_synced_only_after_the_commit(
 
 
 def test_a_plain_write_in_a_run_commits_at_once_and_a_read_does_not(
-    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+    one_write: _OneWrite,
 ) -> None:
-    conn, db, gate, _ = opened
-    sql = Sql(conn, gate)
-    sql.begin_run(gate)
-    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    conn, db, _gate, _, sql = one_write
     assert sql.exec("SELECT count(*) FROM t").fetchone() == (1,)
     assert sql.in_run  # a read leaves the run open
     assert db.started == []
@@ -326,12 +325,9 @@ def test_a_plain_write_in_a_run_commits_at_once_and_a_read_does_not(
 
 
 def test_a_wait_for_durability_in_a_run_commits_it_first(
-    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+    one_write: _OneWrite,
 ) -> None:
-    conn, db, gate, _ = opened
-    sql = Sql(conn, gate)
-    sql.begin_run(gate)
-    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    _conn, db, gate, _, sql = one_write
 
     async def wait() -> None:
         async with trio.open_nursery() as nursery:
@@ -344,12 +340,9 @@ def test_a_wait_for_durability_in_a_run_commits_it_first(
 
 
 def test_a_run_lost_to_its_handler_fails_the_gate(
-    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+    one_write: _OneWrite,
 ) -> None:
-    conn, db, gate, released = opened
-    sql = Sql(conn, gate)
-    sql.begin_run(gate)
-    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    _conn, db, gate, released, sql = one_write
     gate.hold("one", outcome.Value(1))
     with pytest.raises(RunLost):
         sql.exec("INSERT OR ROLLBACK INTO t VALUES (1)", durable=True)
@@ -357,12 +350,9 @@ def test_a_run_lost_to_its_handler_fails_the_gate(
 
 
 def test_a_failed_statement_in_a_run_keeps_the_run(
-    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]],
+    one_write: _OneWrite,
 ) -> None:
-    conn, db, gate, _ = opened
-    sql = Sql(conn, gate)
-    sql.begin_run(gate)
-    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    _conn, db, gate, _, sql = one_write
     with pytest.raises(sqlite3.IntegrityError):
         sql.exec("INSERT INTO t VALUES (1)", durable=True)
     assert sql.in_run
@@ -396,12 +386,9 @@ def test_a_run_whose_commit_fails_refuses_what_it_held(
     ["PRAGMA foreign_keys=ON", "SAVEPOINT sp", "BEGIN", "VACUUM", "-- a comment\nSELECT 1"],
 )
 def test_a_statement_a_run_does_not_take_commits_the_run_first(
-    opened: tuple[sqlite3.Connection, _Store, Gate, list[Any]], statement: str
+    one_write: _OneWrite, statement: str
 ) -> None:
-    conn, db, gate, _ = opened
-    sql = Sql(conn, gate)
-    sql.begin_run(gate)
-    sql.exec("INSERT INTO t VALUES (1)", durable=True)
+    conn, db, _gate, _, sql = one_write
     sql.exec(statement)
     assert not sql.in_run and db.started == [1]
     if statement == "PRAGMA foreign_keys=ON":  # outside a transaction it takes effect
@@ -486,32 +473,11 @@ async def test_a_plain_write_in_a_run_is_committed_when_its_reply_leaves(
 async def test_raw_transactions_and_delete_all_work_in_a_run(data_dir: Path) -> None:
     async with open_host(app, data_dir) as host:
         assert await call(host, "tally/a", "rows") == (200, [])
-        results: dict[int, Any] = {}
-
-        async def do(x: int, method: str) -> None:
-            results[x] = await call(host, "tally/a", method, x=x)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(call, host, "tally/a", "add", x=0, pause=0.2))
-            await trio.sleep(0.05)
-            for x, method in ((1, "add"), (2, "add_in_raw_transaction"), (3, "add")):
-                nursery.start_soon(do, x, method)
-                await trio.sleep(0.01)
-        assert results == {1: (200, 1), 2: (200, 2), 3: (200, 3)}
+        queued = (("add", 1), ("add_in_raw_transaction", 2), ("add", 3))
+        assert await _queued_in_a_run(host, 0, *queued) == [(200, 1), (200, 2), (200, 3)]
         assert await call(host, "tally/a", "rows") == (200, [0, 1, 2, 3])
-
-        wiped: list[Any] = []
-
-        async def wipe() -> None:
-            wiped.append(await call(host, "tally/a", "wipe"))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(call, host, "tally/a", "add", x=4, pause=0.2))
-            await trio.sleep(0.05)
-            nursery.start_soon(do, 5, "add")
-            await trio.sleep(0.01)
-            nursery.start_soon(wipe)
-        assert wiped == [(200, "wiped")] and results[5] == (200, 5)
+        replies = await _queued_in_a_run(host, 4, ("add", 5), ("wipe", 0))
+        assert replies == [(200, 5), (200, "wiped")]
 
 
 @pytest.mark.parametrize("fsync_tasks", [False, True], ids=["gate-task", "storage-tasks"])
