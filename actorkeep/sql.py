@@ -70,8 +70,8 @@ class HeldPoint(DurablePoint, Protocol):
 
 class RunLost(sqlite3.OperationalError):
     """The transaction of a run of events ended before the host committed it (a statement
-    SQLite rolls the whole transaction back for, or a COMMIT or ROLLBACK of the handler's):
-    the gated writes it held are not acknowledged."""
+    SQLite rolls the whole transaction back for: an ``INSERT OR ROLLBACK`` that conflicts, a
+    full disk): the gated writes it held are not acknowledged."""
 
 
 class Sql:
