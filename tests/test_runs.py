@@ -393,6 +393,8 @@ def test_a_statement_a_run_does_not_take_commits_the_run_first(
     assert not sql.in_run and db.started == [1]
     if statement == "PRAGMA foreign_keys=ON":  # outside a transaction it takes effect
         assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    if statement in ("SAVEPOINT sp", "BEGIN"):  # the handler's own, open after the run's commit
+        assert conn.in_transaction and sql.in_transaction
 
 
 def test_an_acknowledged_plain_write_survives_a_failed_commit_of_its_run(

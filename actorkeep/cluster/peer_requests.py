@@ -172,9 +172,8 @@ async def run_request(local: Local, msg: list[Any]) -> Any:
         if type(values) is not dict:
             raise ValueError("values must be a map")
         split_address(_text(address, "address"))
-        operation = operation_at(_text(path, "path"))
-        _text(caller, "caller")
-        chained, timeout = _strings(chain, "chain"), _timeout(timeout)
+        caller, chained = _text(caller, "caller"), _strings(chain, "chain")
+        operation, timeout = operation_at(_text(path, "path")), _timeout(timeout)
         if operation is None:  # not one this host declares: its route says what it is
             class_name, name = split_address(address)
             request = op_request(caller, path, values)
