@@ -96,11 +96,13 @@ class FakeLocal:
 
 
 class Recording(trio.abc.Stream):
-    """A stream that keeps what was sent on it, and can change one byte of a later send."""
+    """A stream that keeps what was sent on it (and with ``keep_received``, what it received),
+    and can change one byte of a later send."""
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
+    def __init__(self, inner: trio.abc.Stream, keep_received: bool = False) -> None:
         self.inner = inner
         self.sent: list[bytes] = []
+        self.received: bytearray | None = bytearray() if keep_received else None
         self.flip_next = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -115,7 +117,10 @@ class Recording(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
+        data = await self.inner.receive_some(max_bytes)
+        if self.received is not None:
+            self.received += data
+        return data
 
     async def send_eof(self) -> None:
         pass

@@ -48,6 +48,9 @@ GRACE: Final = 1.0
 CONNECT_TIMEOUT: Final = 2.0
 
 _OK, _ERROR = 0, 1
+#: ``[id, "batches"]``: the dialer reads frames of many messages (``peerwire.py``), and asks
+#: whether the listener does. A host from before batches answers 400 ``UNKNOWN_REQUEST``.
+BATCHES: Final = "batches"
 
 
 class Unreachable(Exception):
@@ -109,6 +112,10 @@ async def serve_connection(
                 msg = await channel.receive()
                 if type(msg) is not list or not msg or type(msg[0]) is not int:
                     raise PeerRefused("a request without an id")
+                if len(msg) == 2 and msg[1] == BATCHES:  # the dialer reads batches
+                    channel.batches = True
+                    nursery.start_soon(channel.send, [msg[0], _OK, True])
+                    continue
                 nursery.start_soon(answer, msg)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -266,7 +273,19 @@ class Peers:
                 raise Unreachable(f"cannot reach the host at {peer}: {exc!r}") from None
             link = self._links[peer] = _Link(channel)
             self._nursery.start_soon(link.read_replies)
+            self._nursery.start_soon(self._ask_batches, link, peer)
             return link
+
+    async def _ask_batches(self, link: _Link, peer: str) -> None:
+        """Ask the listener whether it reads batches; until it says so, and if it cannot
+        (a host from before them, or the connection ends first), one message a frame."""
+        try:
+            said = await self._call(link, [BATCHES], CONNECT_TIMEOUT, peer)
+        except Exception as exc:
+            if not (isinstance(exc, RemoteError) and exc.message == UNKNOWN_REQUEST):
+                log.info("no batches on a connection", peer=peer, reason=repr(exc))
+            return
+        link.channel.batches = said is True
 
     async def call(self, peer: str, request: list[Any], timeout: float | None, address: str) -> Any:
         """Send ``request`` (without its id) to ``peer`` (``host:port``); its result.

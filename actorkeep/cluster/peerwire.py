@@ -9,6 +9,11 @@ is its length (4 bytes), a msgpack value, and ``HMAC(key, direction | frame numb
 value)``: a frame changed, cut, reordered, replayed from another connection or reflected back
 to its sender fails its check, and the connection is closed. Frames are not encrypted: the
 internal port belongs on a private network (docs/cluster.md).
+
+A frame's value is one message (a list whose first item is its id), or a batch of them (a list
+of messages): the messages queued while a write was in progress go in one frame, one signature
+for all. A side sends batches only once the other has said it reads them (``peers.py``); it
+reads both from any side.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import struct
+from collections import deque
 from collections.abc import Callable
 from hashlib import sha256
 from typing import Any, Final
@@ -36,6 +42,8 @@ MAX_QUEUED: Final = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT: Final = 5.0
 
 _LENGTH = struct.Struct(">I")
+_ARRAY16 = struct.Struct(">BH")  # msgpack's array headers: 0xdc and 2 bytes of length,
+_ARRAY32 = struct.Struct(">BI")  # or 0xdd and 4
 _NUMBERED = struct.Struct(">cQI")  # direction, frame number, length
 
 
@@ -91,11 +99,18 @@ class Channel:
         self._out_dir, self._in_dir = (b"c", b"s") if dialer else (b"s", b"c")
         self._sent = 0
         self._received = 0
-        self._outgoing: list[bytes] = []
+        self._outgoing: list[bytes] = []  # packed messages, not yet framed
         self._queued = 0  # bytes in _outgoing
         self._writing = False
         self._drained = trio.Event()
         self._broken: BaseException | None = None
+        self._unread: deque[Any] = deque()  # the rest of a batch received
+        #: Whether the other side reads batches (it said so): then messages queued together
+        #: go in one frame.
+        self.batches = False
+        #: Frames and messages received (a batch is one frame of many messages).
+        self.frames_received = 0
+        self.messages_received = 0
 
     @property
     def broken(self) -> bool:
@@ -111,24 +126,24 @@ class Channel:
     async def send(self, value: Any) -> None:
         """Queue ``value`` and write what is queued, unless another task is writing: then it
         goes with that task's next write (this waits only while ``MAX_QUEUED`` bytes wait).
-        ``trio.BrokenResourceError`` once a write failed."""
+        The first write waits for the other tasks ready to run, so that what they send goes
+        with it. ``trio.BrokenResourceError`` once a write failed."""
         body = codec.pack(value)
         if len(body) > MAX_FRAME:
             raise FrameTooLarge(f"a frame of {len(body)} bytes (at most {MAX_FRAME})")
         if self._broken is not None:
             raise trio.BrokenResourceError("the connection is broken") from self._broken
-        mac = self._sign(self._out_dir, self._sent, body)
-        self._sent += 1
-        self._outgoing += (_LENGTH.pack(len(body)), body, mac)
-        self._queued += len(body) + _LENGTH.size + MAC
+        self._outgoing.append(body)
+        self._queued += len(body)
         if self._writing:
             while self._writing and self._queued > MAX_QUEUED:
                 await self._drained.wait()
             return
         self._writing = True
         try:
+            await trio.lowlevel.cancel_shielded_checkpoint()
             while self._outgoing:
-                data = b"".join(self._outgoing)
+                data = self._frames(self._outgoing)
                 self._outgoing.clear()
                 self._queued = 0
                 self._drained.set()
@@ -145,9 +160,48 @@ class Channel:
             self._writing = False
             self._drained.set()
 
+    def _frames(self, bodies: list[bytes]) -> bytes:
+        """``bodies`` (packed messages) framed and signed: in batches of at most
+        ``MAX_FRAME`` bytes if the other side reads them, else one frame each."""
+        parts: list[bytes] = []
+        if not self.batches or len(bodies) == 1:
+            for body in bodies:
+                self._frame(parts, body)
+            return b"".join(parts)
+        batch: list[bytes] = []
+        size = 0
+        for body in bodies:
+            if batch and size + len(body) > MAX_FRAME - _ARRAY32.size:
+                self._frame_batch(parts, batch)
+                batch, size = [], 0
+            batch.append(body)
+            size += len(body)
+        self._frame_batch(parts, batch)
+        return b"".join(parts)
+
+    def _frame_batch(self, parts: list[bytes], batch: list[bytes]) -> None:
+        if len(batch) == 1:
+            self._frame(parts, batch[0])
+            return
+        n = len(batch)
+        head = (
+            bytes([0x90 | n])
+            if n < 16
+            else _ARRAY16.pack(0xDC, n)
+            if n < 65536
+            else _ARRAY32.pack(0xDD, n)
+        )
+        self._frame(parts, head + b"".join(batch))
+
+    def _frame(self, parts: list[bytes], body: bytes) -> None:
+        parts += (_LENGTH.pack(len(body)), body, self._sign(self._out_dir, self._sent, body))
+        self._sent += 1
+
     async def receive(self) -> Any:
-        """The next value (``trio.EndOfChannel`` once the peer closed; ``PeerRefused`` for a
+        """The next message (``trio.EndOfChannel`` once the peer closed; ``PeerRefused`` for a
         frame that fails its check)."""
+        if self._unread:
+            return self._unread.popleft()
         (length,) = _LENGTH.unpack(await self._reader.exactly(_LENGTH.size))
         if length > MAX_FRAME:
             raise PeerRefused(f"a frame of {length} bytes (at most {MAX_FRAME})")
@@ -156,10 +210,19 @@ class Channel:
         if not hmac.compare_digest(mac, self._sign(self._in_dir, self._received, body)):
             raise PeerRefused("a frame failed its signature check")
         self._received += 1
+        self.frames_received += 1
         try:
-            return codec.unpack(body)
+            value = codec.unpack(body)
         except (ValueError, msgpack.ExtraData) as exc:  # signed, yet not msgpack: a bug there
             raise PeerRefused(f"a frame is not msgpack: {exc}") from None
+        if type(value) is list and value and type(value[0]) is list:  # a batch
+            if len(value) < 2 or not all(type(m) is list for m in value):
+                raise PeerRefused("a batch of the wrong shape")
+            self.messages_received += len(value)
+            self._unread.extend(value)
+            return self._unread.popleft()
+        self.messages_received += 1
+        return value
 
     async def aclose(self) -> None:
         await self._stream.aclose()
