@@ -98,13 +98,14 @@ async def serve_connection(
             if not isinstance(exc, RemoteError | CallTimeout | HostClosed):
                 log.exception("an event from another host failed", op=msg[1])
             reply = [msg[0], _ERROR, error_of(exc)]
+        try:
+            await say(reply)
+        except FrameTooLarge as exc:
+            await say([msg[0], _ERROR, ["remote", 500, "InternalError", str(exc), None]])
+
+    async def say(reply: list[Any]) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            # The dialer gone: nobody hears it (and nothing of this reaches the host).
-            try:
-                await channel.send(reply)
-            except FrameTooLarge as exc:
-                error = ["remote", 500, "InternalError", str(exc), None]
-                await channel.send([msg[0], _ERROR, error])
+            await channel.send(reply)  # the dialer gone: nobody hears it, nor does the host
 
     async with stream, trio.open_nursery() as nursery:
         try:
@@ -114,7 +115,7 @@ async def serve_connection(
                     raise PeerRefused("a request without an id")
                 if len(msg) == 2 and msg[1] == BATCHES:  # the dialer reads batches
                     channel.batches = True
-                    nursery.start_soon(channel.send, [msg[0], _OK, True])
+                    nursery.start_soon(say, [msg[0], _OK, True])
                     continue
                 nursery.start_soon(answer, msg)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
