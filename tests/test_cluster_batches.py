@@ -95,7 +95,8 @@ async def test_a_batch_stays_within_the_largest_frame(monkeypatch: pytest.Monkey
     monkeypatch.setattr(peerwire, "MAX_FRAME", 300)
     dialer, listener, recorded = await connected()
     dialer.batches = True
-    messages = [[i, "rpc", "x" * 40] for i in range(CALLS)]
+    messages = [[i, "rpc", "x" * 42] for i in range(CALLS)]
+    assert {len(codec.pack(m)) for m in messages} == {50}
     queued = await send_together(dialer, messages)
     assert await receive(listener, CALLS) == queued
     lengths = []
@@ -105,8 +106,34 @@ async def test_a_batch_stays_within_the_largest_frame(monkeypatch: pytest.Monkey
         (length,) = struct.unpack(">I", data[at : at + 4])
         lengths.append(length)
         at += 4 + length + peerwire.MAC
-    assert len(lengths) == listener.frames_received > 1
-    assert max(lengths) <= 300 and sum(lengths) > 300
+    # Six messages (300 bytes) and their array's header would pass 300: five go together.
+    assert lengths == [5 * 50 + 1] * (CALLS // 5) == [251] * 8
+    assert listener.frames_received == 8
+
+
+async def test_a_message_as_deep_as_a_frame_holds_crosses_in_a_batch() -> None:
+    """A batch's messages are read one by one: the batch adds no level of nesting to what the
+    decoder allows a message."""
+
+    def message(depth: int) -> list[Any]:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return [0, "rpc", {"args": value}]
+
+    depth = 1000
+    while True:  # the deepest message that a frame of its own carries
+        try:
+            codec.unpack(codec.pack(message(depth + 1)))
+        except ValueError:
+            break
+        depth += 1
+    dialer, listener, _ = await connected()
+    dialer.batches = True
+    await send_together(dialer, [message(depth), message(depth)])
+    got = await receive(listener, 2)
+    assert [codec.pack(m) for m in got] == [codec.pack(message(depth))] * 2
+    assert listener.frames_received == 1
 
 
 async def test_a_batch_of_the_wrong_shape_closes_the_connection() -> None:

@@ -212,20 +212,43 @@ class Channel:
         self._received += 1
         self.frames_received += 1
         try:
-            value = codec.unpack(body)
-        except (ValueError, msgpack.ExtraData) as exc:  # signed, yet not msgpack: a bug there
-            raise PeerRefused(f"a frame is not msgpack: {exc}") from None
-        if type(value) is list and value and type(value[0]) is list:  # a batch
-            if len(value) < 2 or not all(type(m) is list for m in value):
-                raise PeerRefused("a batch of the wrong shape")
-            self.messages_received += len(value)
-            self._unread.extend(value)
-            return self._unread.popleft()
-        self.messages_received += 1
-        return value
+            batch = _batch(body)
+            if batch is None:
+                self.messages_received += 1
+                return codec.unpack(body)
+        except (ValueError, msgpack.UnpackException, struct.error) as exc:
+            raise PeerRefused(f"a frame is not msgpack: {exc}") from None  # signed: a bug there
+        self.messages_received += len(batch)
+        self._unread.extend(batch)
+        return self._unread.popleft()
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+_ARRAYS: Final = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+
+
+def _batch(body: bytes) -> list[Any] | None:
+    """The messages of a batch, each read on its own (a batch adds no nesting to what a
+    message may hold); None if ``body`` is not one: an array whose first item is an array."""
+    if not body or body[0] not in _ARRAYS:
+        return None
+    n, at = (
+        (body[0] & 0x0F, 1)
+        if body[0] < 0xDC
+        else (_ARRAY16.unpack_from(body)[1], 3)
+        if body[0] == 0xDC
+        else (_ARRAY32.unpack_from(body)[1], 5)
+    )
+    if len(body) <= at or body[at] not in _ARRAYS:
+        return None
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body))
+    unpacker.feed(body[at:])
+    messages = [unpacker.unpack() for _ in range(n)]
+    if n < 2 or unpacker.tell() != len(body) - at or not all(type(m) is list for m in messages):
+        raise PeerRefused("a batch of the wrong shape")
+    return messages
 
 
 #: ``nonce(n)``: ``n`` fresh random bytes (the simulator passes seeded ones).
