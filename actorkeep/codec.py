@@ -270,13 +270,25 @@ def _count_values(value: Any, stop_after: int) -> int:
     return count
 
 
+_THREE_LISTS = b"\x91\x91\x91"  # msgpack: a list of one item, three times
+
+
 def decode_args_counted(body: bytes, encoding: Encoding) -> tuple[dict[str, Any], int]:
     """Decode an argument map and count its values; an empty body means no arguments.
     ``ValueError`` if malformed or past ``MAX_VALUES``."""
     if not body:
         return {}, 0
     try:
-        args, count = unpack_counted(body) if encoding == "msgpack" else json_loads_counted(body)
+        if encoding == "msgpack":
+            # Decoded as the first item of three nested lists: arguments that decode so still
+            # decode as part of a call's message to another host (msgpack's decoder stops at
+            # about 1,020 levels; deeper would close the hosts' connection there).
+            wrapped, count = unpack_counted(_THREE_LISTS + body)
+            args, count = wrapped[0][0][0], count - 3
+        else:
+            args, count = json_loads_counted(body)
+    except msgpack.StackError:
+        raise ValueError("msgpack body nested too deeply") from None
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ValueError(f"body is not valid {encoding}: {exc}") from None
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):

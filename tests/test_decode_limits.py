@@ -33,6 +33,27 @@ def test_msgpack_values_are_counted_and_capped_while_decoding() -> None:
     assert len(codec.unpack_counted(ok)[0]) == 100_000
 
 
+def test_msgpack_arguments_still_decode_inside_a_message_to_another_host() -> None:
+    def args(depth: int) -> bytes:  # a map holding ``depth`` levels of lists
+        return b"\x81\xa1a" + b"\x91" * depth + b"\x01"
+
+    deepest = 1000
+    while True:
+        try:
+            codec.decode_args(args(deepest + 1), "msgpack")
+        except ValueError as exc:
+            assert str(exc) == "msgpack body nested too deeply"
+            break
+        deepest += 1
+    # Counted as before: the map, "a", three lists and 1.
+    assert codec.decode_args_counted(args(3), "msgpack")[1] == codec.unpack_counted(args(3))[1] == 6
+    # What the host accepts still decodes where a call to another host carries it: inside
+    # its message, [id, "rpc", caller, chain, address, method, args, timeout].
+    message = b"\x98\x01\xa3rpc\xa1c\x90\xa1d\xa1m" + args(deepest) + b"\xc0"
+    assert codec.unpack(message)[6]["a"] is not None
+    assert codec.unpack(b"\x92" + message + message)[1][1] == "rpc"  # a batch of two, whole
+
+
 def test_json_depth_and_values_are_capped() -> None:
     with pytest.raises(ValueError, match="nested too deeply"):
         codec.json_loads("[" * 100_000 + "]" * 100_000)
