@@ -23,9 +23,7 @@ from tests.test_cluster_peers import port as port  # the fixture
 CALLS = 40
 
 
-async def connected(
-    recording: Recording | None = None,
-) -> tuple[peerwire.Channel, peerwire.Channel, Recording]:
+async def connected() -> tuple[peerwire.Channel, peerwire.Channel, Recording]:
     """A dialer's and a listener's channel over a loopback pair of sockets, and what the
     dialer's side sent on it."""
     near, far = trio.socket.socketpair()
@@ -59,14 +57,19 @@ async def receive(channel: peerwire.Channel, n: int) -> list[Any]:
     return [await channel.receive() for _ in range(n)]
 
 
-def frames(data: bytes) -> list[Any]:
-    """The values of the frames in ``data`` (a side's bytes after its handshake)."""
-    values, at = [], 0
+def bodies(data: bytes) -> list[bytes]:
+    """The bodies of the frames in ``data`` (a side's bytes after its handshake)."""
+    found, at = [], 0
     while at < len(data):
         (length,) = struct.unpack(">I", data[at : at + 4])
-        values.append(codec.unpack(data[at + 4 : at + 4 + length]))
+        found.append(data[at + 4 : at + 4 + length])
         at += 4 + length + peerwire.MAC
-    return values
+    return found
+
+
+def frames(data: bytes) -> list[Any]:
+    """The values of the frames in ``data``."""
+    return [codec.unpack(body) for body in bodies(data)]
 
 
 def is_batch(value: Any) -> bool:
@@ -99,13 +102,7 @@ async def test_a_batch_stays_within_the_largest_frame(monkeypatch: pytest.Monkey
     assert {len(codec.pack(m)) for m in messages} == {50}
     queued = await send_together(dialer, messages)
     assert await receive(listener, CALLS) == queued
-    lengths = []
-    data = b"".join(recorded.sent[2:])  # after MAGIC + nonce, and the proof
-    at = 0
-    while at < len(data):
-        (length,) = struct.unpack(">I", data[at : at + 4])
-        lengths.append(length)
-        at += 4 + length + peerwire.MAC
+    lengths = [len(b) for b in bodies(b"".join(recorded.sent[2:]))]  # after the handshake
     # Six messages (300 bytes) and their array's header would pass 300: five go together.
     assert lengths == [5 * 50 + 1] * (CALLS // 5) == [251] * 8
     assert listener.frames_received == 8
