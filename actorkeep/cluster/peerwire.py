@@ -108,9 +108,6 @@ class Channel:
         #: Whether the other side reads batches (it said so): then messages queued together
         #: go in one frame.
         self.batches = False
-        #: Frames and messages received (a batch is one frame of many messages).
-        self.frames_received = 0
-        self.messages_received = 0
 
     @property
     def broken(self) -> bool:
@@ -164,7 +161,7 @@ class Channel:
         """``bodies`` (packed messages) framed and signed: in batches of at most
         ``MAX_FRAME`` bytes if the other side reads them, else one frame each."""
         parts: list[bytes] = []
-        if not self.batches or len(bodies) == 1:
+        if not self.batches:
             for body in bodies:
                 self._frame(parts, body)
             return b"".join(parts)
@@ -210,15 +207,12 @@ class Channel:
         if not hmac.compare_digest(mac, self._sign(self._in_dir, self._received, body)):
             raise PeerRefused("a frame failed its signature check")
         self._received += 1
-        self.frames_received += 1
         try:
             batch = _batch(body)
             if batch is None:
-                self.messages_received += 1
                 return codec.unpack(body)
         except (ValueError, msgpack.UnpackException, struct.error) as exc:
             raise PeerRefused(f"a frame is not msgpack: {exc}") from None  # signed: a bug there
-        self.messages_received += len(batch)
         self._unread.extend(batch)
         return self._unread.popleft()
 
