@@ -92,6 +92,13 @@ class FakeLocal:
             await self.release.wait()
         if method == "crash":
             raise ZeroDivisionError("a bug")
+        if method == "deep":  # packs alone, not inside its reply
+            deep: Any = 1
+            for _ in range(1024):
+                deep = [deep]
+            return deep
+        if method == "set":  # not msgpack
+            return {1, 2}
         return {"echo": args, "caller": caller}
 
 
@@ -184,6 +191,30 @@ async def test_errors_cross_with_their_kind(
         await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, 0.5)
     with pytest.raises(Unreachable):  # nothing listens there: nothing was sent
         await p.call_rpc("127.0.0.1:1", "a/x", (), "b/y", "m", {}, None)
+
+
+async def test_a_reply_that_cannot_be_sent_fails_its_call_alone(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    """A result the owner cannot pack into its reply (too deeply nested, or not msgpack):
+    that call fails with a 500, and the connection and the calls on it go on."""
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    answered: list[Any] = []
+
+    async def in_flight() -> None:
+        answered.append(await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None))
+
+    nursery.start_soon(in_flight)
+    await local.reached.wait()
+    for method in ("deep", "set"):
+        with pytest.raises(RemoteError) as failed:
+            await p.call_rpc(peer, "a/x", (), "b/y", method, {}, None)
+        assert failed.value.status == 500, failed.value
+    local.release.set()
+    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+    assert answered and answered[0]["caller"] == "a/x"
 
 
 async def test_a_peers_bad_requests_are_refused_and_the_connection_goes_on(

@@ -100,8 +100,12 @@ async def serve_connection(
             reply = [msg[0], _ERROR, error_of(exc)]
         try:
             await say(reply)
-        except FrameTooLarge as exc:
+        except FrameTooLarge as exc:  # nothing was sent: this call fails, not the connection
             await say([msg[0], _ERROR, ["remote", 500, "InternalError", str(exc), None]])
+        except (ValueError, TypeError) as exc:  # not msgpack, or too deep inside its reply
+            log.error("a reply to another host could not be packed", error=repr(exc))
+            failed = ["remote", 500, "InternalError", "the result cannot be sent", None]
+            await say([msg[0], _ERROR, failed])
 
     async def say(reply: list[Any]) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
