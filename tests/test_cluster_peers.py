@@ -69,6 +69,8 @@ class FakeLocal:
         self.ran.append(("op", caller, chain, address, op, dict(values), timeout))
         if values.get("expect") is not None:
             return Response(409, {"content-type": "application/json"}, b'{"no": 1}')
+        if values.get("huge"):  # past msgpack's integers
+            return ValueReply({"version": 1 << 64})
         return ValueReply({"version": 7, "expires_at": None})
 
     async def call_rpc_local(
@@ -212,6 +214,34 @@ async def test_a_reply_that_cannot_be_sent_fails_its_call_alone(
         with pytest.raises(RemoteError) as failed:
             await p.call_rpc(peer, "a/x", (), "b/y", method, {}, None)
         assert failed.value.status == 500, failed.value
+    with pytest.raises(RemoteError) as failed:
+        await p.call_op(peer, "a/x", (), "b/y", kv_wire.PUT, {"huge": True}, None)
+    assert failed.value.status == 500, failed.value
+    local.release.set()
+    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+    assert answered and answered[0]["caller"] == "a/x"
+
+
+async def test_arguments_the_callee_could_not_take_are_refused_before_they_are_sent(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    """Arguments that would fail the callee's copy on the caller's own host (keys msgpack's
+    decoder refuses, values it cannot carry) raise on the caller as they would there: nothing
+    is sent, and the connection and the calls on it go on."""
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    answered: list[Any] = []
+
+    async def in_flight() -> None:
+        answered.append(await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None))
+
+    nursery.start_soon(in_flight)
+    await local.reached.wait()
+    for args in ({"x": {1: 2}}, {"x": {(1, 2): 3}}, {"x": 1 << 64}, {"x": {1, 2}}):
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            await p.call_rpc(peer, "a/x", (), "b/y", "m", args, None)
+    assert [r[4] for r in local.ran] == ["wait"]  # nothing else reached the owner
     local.release.set()
     assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
     assert answered and answered[0]["caller"] == "a/x"

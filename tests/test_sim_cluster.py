@@ -298,8 +298,8 @@ def test_no_call_leaves_an_actor_whose_host_lost_its_lease_meanwhile() -> None:
 def test_an_event_whose_lease_ran_out_while_it_ran_answers_that_it_may_have_run() -> None:
     """The owner is paused past its lease while an event runs, and the partition is taken over
     meanwhile: the event ran, so its caller hears ``OutcomeUnknown``. The bug queues seed 55
-    found answered "not served here" ("nothing ran"), and the caller ran it again on the new
-    owner; that seed no longer reaches it (checked at stop 45 by undoing the fix)."""
+    found answered ``Overloaded`` (not served here: "nothing ran"), and the caller ran it again
+    on the new owner; that seed no longer reaches it (checked at stop 45 by undoing the fix)."""
     world = ClusterWorld(app, seed=5, hosts=2)
     outcome: list[object] = []
 

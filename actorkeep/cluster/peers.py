@@ -20,6 +20,7 @@ from typing import Any, Final
 import structlog
 import trio
 
+from .. import codec
 from ..address import split_address
 from ..errors import (
     CallTimeout,
@@ -38,7 +39,7 @@ from .peer_requests import (
     response_of,
     run_request,
 )
-from .peerwire import Channel, FrameTooLarge, Nonce, PeerRefused, accept, dial
+from .peerwire import Channel, FrameTooLarge, Nonce, PeerRefused, Unsendable, accept, dial
 
 log = structlog.get_logger("actorkeep")
 
@@ -100,12 +101,10 @@ async def serve_connection(
             reply = [msg[0], _ERROR, error_of(exc)]
         try:
             await say(reply)
-        except FrameTooLarge as exc:  # nothing was sent: this call fails, not the connection
+        except Unsendable as exc:  # nothing was sent: this call fails, not the connection
+            if not isinstance(exc, FrameTooLarge):  # not msgpack, or too deep in its reply
+                log.error("a reply to another host could not be packed", op=msg[1], error=str(exc))
             await say([msg[0], _ERROR, ["remote", 500, "InternalError", str(exc), None]])
-        except (ValueError, TypeError) as exc:  # not msgpack, or too deep inside its reply
-            log.error("a reply to another host could not be packed", error=repr(exc))
-            failed = ["remote", 500, "InternalError", "the result cannot be sent", None]
-            await say([msg[0], _ERROR, failed])
 
     async def say(reply: list[Any]) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -356,8 +355,10 @@ class Peers:
         args: dict[str, Any],
         timeout: float | None,
     ) -> Any:
-        """``call_rpc_local`` on ``peer``."""
-        msg = ["rpc", caller, list(chain), address, method, args, timeout]
+        """``call_rpc_local`` on ``peer``. ``args`` that could not be called with on this host
+        (``codec.copy_args``: not msgpack, or keys the decoder refuses) raise here, as they
+        would there, and nothing is sent."""
+        msg = ["rpc", caller, list(chain), address, method, codec.copy_args(args), timeout]
         return await self.call(peer, msg, timeout, address)
 
     async def call_op(

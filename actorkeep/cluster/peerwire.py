@@ -52,7 +52,11 @@ class PeerRefused(Exception):
     fails its check: the connection is closed."""
 
 
-class FrameTooLarge(ValueError):
+class Unsendable(ValueError):
+    """A value msgpack cannot carry (nothing of it was sent)."""
+
+
+class FrameTooLarge(Unsendable):
     """A frame past ``MAX_FRAME`` (nothing of it was sent)."""
 
 
@@ -124,8 +128,12 @@ class Channel:
         """Queue ``value`` and write what is queued, unless another task is writing: then it
         goes with that task's next write (this waits only while ``MAX_QUEUED`` bytes wait).
         The first write waits for the other tasks ready to run, so that what they send goes
-        with it. ``trio.BrokenResourceError`` once a write failed."""
-        body = codec.pack(value)
+        with it. ``Unsendable`` (nothing sent) if msgpack cannot carry ``value``;
+        ``trio.BrokenResourceError`` once a write failed."""
+        try:
+            body = codec.pack(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise Unsendable(f"not a value msgpack carries: {exc}") from None
         if len(body) > MAX_FRAME:
             raise FrameTooLarge(f"a frame of {len(body)} bytes (at most {MAX_FRAME})")
         if self._broken is not None:
