@@ -195,6 +195,25 @@ async def test_errors_cross_with_their_kind(
         await p.call_rpc("127.0.0.1:1", "a/x", (), "b/y", "m", {}, None)
 
 
+async def call_in_flight(p: Peers, peer: str, local: FakeLocal, nursery: trio.Nursery) -> list[Any]:
+    """A call that waits on the owner until ``local.release``; its result lands in the list."""
+    answered: list[Any] = []
+
+    async def call() -> None:
+        answered.append(await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None))
+
+    nursery.start_soon(call)
+    await local.reached.wait()
+    return answered
+
+
+async def connection_goes_on(p: Peers, peer: str, local: FakeLocal, answered: list[Any]) -> None:
+    """The call in flight is answered once released, and the next call is too."""
+    local.release.set()
+    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
+    assert answered and answered[0]["caller"] == "a/x"
+
+
 async def test_a_reply_that_cannot_be_sent_fails_its_call_alone(
     port: tuple[int, FakeLocal], nursery: trio.Nursery
 ) -> None:
@@ -203,13 +222,7 @@ async def test_a_reply_that_cannot_be_sent_fails_its_call_alone(
     number, local = port
     p = await peers(nursery)
     peer = f"127.0.0.1:{number}"
-    answered: list[Any] = []
-
-    async def in_flight() -> None:
-        answered.append(await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None))
-
-    nursery.start_soon(in_flight)
-    await local.reached.wait()
+    answered = await call_in_flight(p, peer, local, nursery)
     for method in ("deep", "set"):
         with pytest.raises(RemoteError) as failed:
             await p.call_rpc(peer, "a/x", (), "b/y", method, {}, None)
@@ -217,9 +230,7 @@ async def test_a_reply_that_cannot_be_sent_fails_its_call_alone(
     with pytest.raises(RemoteError) as failed:
         await p.call_op(peer, "a/x", (), "b/y", kv_wire.PUT, {"huge": True}, None)
     assert failed.value.status == 500, failed.value
-    local.release.set()
-    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
-    assert answered and answered[0]["caller"] == "a/x"
+    await connection_goes_on(p, peer, local, answered)
 
 
 async def test_arguments_the_callee_could_not_take_are_refused_before_they_are_sent(
@@ -231,20 +242,12 @@ async def test_arguments_the_callee_could_not_take_are_refused_before_they_are_s
     number, local = port
     p = await peers(nursery)
     peer = f"127.0.0.1:{number}"
-    answered: list[Any] = []
-
-    async def in_flight() -> None:
-        answered.append(await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None))
-
-    nursery.start_soon(in_flight)
-    await local.reached.wait()
+    answered = await call_in_flight(p, peer, local, nursery)
     for args in ({"x": {1: 2}}, {"x": {(1, 2): 3}}, {"x": 1 << 64}, {"x": {1, 2}}):
         with pytest.raises((ValueError, TypeError, OverflowError)):
             await p.call_rpc(peer, "a/x", (), "b/y", "m", args, None)
     assert [r[4] for r in local.ran] == ["wait"]  # nothing else reached the owner
-    local.release.set()
-    assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, None))["caller"] == "a/x"
-    assert answered and answered[0]["caller"] == "a/x"
+    await connection_goes_on(p, peer, local, answered)
 
 
 async def test_a_peers_bad_requests_are_refused_and_the_connection_goes_on(
