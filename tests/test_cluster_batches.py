@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from actorkeep import codec
+from actorkeep.cluster import peers as peers_module
 from actorkeep.cluster import peerwire
 from actorkeep.cluster.peer_requests import UNKNOWN_REQUEST
 from actorkeep.cluster.peers import Peers
@@ -205,6 +206,54 @@ async def test_a_host_from_before_batches_gets_one_message_a_frame(nursery: trio
     assert len(asked) == 1 and len(streams) == 1
     sent = frames(b"".join(streams[0].sent[2:]))
     assert len(sent) == 1 + 1 + 3 * CALLS and not any(is_batch(v) for v in sent)
+
+
+async def test_a_question_about_batches_not_answered_in_time_is_asked_again(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that leaves the first question unanswered (busy, say) is asked again, and
+    the connection batches once it answers."""
+    monkeypatch.setattr(peers_module, "CONNECT_TIMEOUT", 0.2)
+    monkeypatch.setattr(peers_module, "GRACE", 0.1)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    asked: list[Any] = []
+    answered = trio.Event()
+
+    async def slow_to_answer(stream: trio.SocketStream) -> None:
+        channel = await peerwire.accept(stream, SECRET)
+        async with trio.open_nursery() as answers:
+            while True:
+                msg = await channel.receive()
+                if msg[1] != "batches":
+                    answers.start_soon(channel.send, [msg[0], 0, {"echo": msg[6]}])
+                    continue
+                asked.append(msg)
+                if len(asked) == 2:  # the first is never answered
+                    channel.batches = True
+                    await channel.send([msg[0], 0, True])
+                    answered.set()
+
+    await nursery.start(trio.serve_listeners, slow_to_answer, listeners)
+    streams: list[Recording] = []
+
+    async def connect(host: str, at: int) -> trio.abc.Stream:
+        streams.append(Recording(await trio.open_tcp_stream(host, at)))
+        return streams[-1]
+
+    p = await peers_with(nursery, connect)
+    peer = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)
+    with trio.fail_after(5):
+        await answered.wait()
+    await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)  # its reply follows the answer's
+    await trio.testing.wait_all_tasks_blocked()
+    before = len(streams[0].sent)
+    async with trio.open_nursery() as calls:
+        for i in range(CALLS):
+            calls.start_soon(p.call_rpc, peer, "a/x", (), "b/y", "m", {"i": i}, 5.0)
+    assert len(asked) == 2 and len(streams) == 1
+    sent = frames(b"".join(streams[0].sent[before:]))
+    assert len(sent) == 1 and is_batch(sent[0]) and len(sent[0]) == CALLS
 
 
 async def peers_with(

@@ -281,15 +281,20 @@ class Peers:
             return link
 
     async def _ask_batches(self, link: _Link, peer: str) -> None:
-        """Ask the listener whether it reads batches; until it says so, and if it cannot
-        (a host from before them, or the connection ends first), one message a frame."""
-        try:
-            said = await self._call(link, [BATCHES], CONNECT_TIMEOUT, peer)
-        except Exception as exc:
-            if not (isinstance(exc, RemoteError) and exc.message == UNKNOWN_REQUEST):
-                log.info("no batches on a connection", peer=peer, reason=repr(exc))
+        """Ask the listener whether it reads batches, again while it does not answer in time;
+        until it says so, and if it cannot (a host from before them, or the connection ends
+        first), one message a frame."""
+        while not link.broken:
+            try:
+                said = await self._call(link, [BATCHES], CONNECT_TIMEOUT, peer)
+            except CallTimeout:
+                continue  # a peer busy for a while: one message a frame until it answers
+            except Exception as exc:
+                if not (isinstance(exc, RemoteError) and exc.message == UNKNOWN_REQUEST):
+                    log.info("no batches on a connection", peer=peer, reason=repr(exc))
+                return
+            link.channel.batches = said is True
             return
-        link.channel.batches = said is True
 
     async def call(self, peer: str, request: list[Any], timeout: float | None, address: str) -> Any:
         """Send ``request`` (without its id) to ``peer`` (``host:port``); its result.
