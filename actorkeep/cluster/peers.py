@@ -25,6 +25,7 @@ from ..address import split_address
 from ..errors import (
     CallTimeout,
     HostClosed,
+    OutcomeUnknown,
     RemoteError,
 )
 from ..http import Request, Response, ValueReply
@@ -287,8 +288,10 @@ class Peers:
         while not link.broken:
             try:
                 said = await self._call(link, [BATCHES], CONNECT_TIMEOUT, peer)
-            except CallTimeout:
-                continue  # a peer busy for a while: one message a frame until it answers
+            except CallTimeout as exc:
+                if isinstance(exc, OutcomeUnknown):
+                    return  # the connection ended
+                continue  # not answered in time: one message a frame until it answers
             except Exception as exc:
                 if not (isinstance(exc, RemoteError) and exc.message == UNKNOWN_REQUEST):
                     log.info("no batches on a connection", peer=peer, reason=repr(exc))
