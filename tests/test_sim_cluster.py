@@ -316,7 +316,7 @@ def test_an_alarm_handed_to_a_busy_actor_does_not_run_after_its_host_lost_the_le
     """An alarm comes due while its actor runs a long event: the alarm's event waits behind it.
     The host is paused past its lease meanwhile, and the new owner fires the alarm. When the
     old host's actor is free again, the alarm's event must not run there (``Router.serves``):
-    the alarm runs once. The bug alarms seed 102 found; that seed no longer reaches it
+    the alarm runs once. This is the bug alarms seed 102 found; that seed no longer reaches it
     (checked at stop 45 by undoing the fix)."""
     world = ClusterWorld(app, seed=5, hosts=2)
     woke.clear()
