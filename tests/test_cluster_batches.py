@@ -146,13 +146,7 @@ async def test_hosts_send_their_calls_and_answers_in_batches(
     nursery: trio.Nursery,
 ) -> None:
     number, _ = port
-    streams: list[Recording] = []
-
-    async def connect(host: str, at: int) -> trio.abc.Stream:
-        streams.append(Recording(await trio.open_tcp_stream(host, at), keep_received=True))
-        return streams[-1]
-
-    p = await peers_with(nursery, connect)
+    p, streams = await recorded_peers(nursery, keep_received=True)
     peer = f"127.0.0.1:{number}"
     await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)  # the link, asked
     got: list[Any] = []
@@ -173,7 +167,6 @@ async def test_hosts_send_their_calls_and_answers_in_batches(
 
 
 async def test_a_host_from_before_batches_gets_one_message_a_frame(nursery: trio.Nursery) -> None:
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     asked: list[Any] = []
 
     async def older(stream: trio.SocketStream) -> None:  # what a host from before batches runs
@@ -189,20 +182,11 @@ async def test_a_host_from_before_batches_gets_one_message_a_frame(nursery: trio
                     reply = [msg[0], 0, {"echo": msg[6]}]
                 answers.start_soon(channel.send, reply)
 
-    await nursery.start(trio.serve_listeners, older, listeners)
-    streams: list[Recording] = []
-
-    async def connect(host: str, at: int) -> trio.abc.Stream:
-        streams.append(Recording(await trio.open_tcp_stream(host, at)))
-        return streams[-1]
-
-    p = await peers_with(nursery, connect)
-    peer = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    peer = await listening(nursery, older)
+    p, streams = await recorded_peers(nursery)
     await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)
     for _ in range(3):
-        async with trio.open_nursery() as calls:
-            for i in range(CALLS):
-                calls.start_soon(p.call_rpc, peer, "a/x", (), "b/y", "m", {"i": i}, 5.0)
+        await calls_together(p, peer)
     assert len(asked) == 1 and len(streams) == 1
     sent = frames(b"".join(streams[0].sent[2:]))
     assert len(sent) == 1 + 1 + 3 * CALLS and not any(is_batch(v) for v in sent)
@@ -215,7 +199,6 @@ async def test_a_question_about_batches_not_answered_in_time_is_asked_again(
     the connection batches once it answers."""
     monkeypatch.setattr(peers_module, "CONNECT_TIMEOUT", 0.2)
     monkeypatch.setattr(peers_module, "GRACE", 0.1)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     asked: list[Any] = []
     answered = trio.Event()
 
@@ -233,32 +216,46 @@ async def test_a_question_about_batches_not_answered_in_time_is_asked_again(
                     await channel.send([msg[0], 0, True])
                     answered.set()
 
-    await nursery.start(trio.serve_listeners, slow_to_answer, listeners)
-    streams: list[Recording] = []
-
-    async def connect(host: str, at: int) -> trio.abc.Stream:
-        streams.append(Recording(await trio.open_tcp_stream(host, at)))
-        return streams[-1]
-
-    p = await peers_with(nursery, connect)
-    peer = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    peer = await listening(nursery, slow_to_answer)
+    p, streams = await recorded_peers(nursery)
     await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)
     with trio.fail_after(5):
         await answered.wait()
     await p.call_rpc(peer, "a/x", (), "b/y", "m", {}, 5.0)  # its reply follows the answer's
     await trio.testing.wait_all_tasks_blocked()
     before = len(streams[0].sent)
-    async with trio.open_nursery() as calls:
-        for i in range(CALLS):
-            calls.start_soon(p.call_rpc, peer, "a/x", (), "b/y", "m", {"i": i}, 5.0)
+    await calls_together(p, peer)
     assert len(asked) == 2 and len(streams) == 1
     sent = frames(b"".join(streams[0].sent[before:]))
     assert len(sent) == 1 and is_batch(sent[0]) and len(sent[0]) == CALLS
 
 
-async def peers_with(
-    nursery: trio.Nursery, connect: Callable[[str, int], Awaitable[trio.abc.Stream]]
-) -> Peers:
+async def recorded_peers(
+    nursery: trio.Nursery, keep_received: bool = False
+) -> tuple[Peers, list[Recording]]:
+    """A host's peer connections, each stream recorded (``Recording``) in the list."""
+    streams: list[Recording] = []
+
+    async def connect(host: str, at: int) -> trio.abc.Stream:
+        streams.append(Recording(await trio.open_tcp_stream(host, at), keep_received))
+        return streams[-1]
+
     p = Peers(SECRET, connect)
     await nursery.start(p.run)
-    return p
+    return p, streams
+
+
+async def listening(
+    nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
+) -> str:
+    """``handler`` serving a port on loopback; its ``host:port``."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    await nursery.start(trio.serve_listeners, handler, listeners)
+    return f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+
+async def calls_together(p: Peers, peer: str) -> None:
+    """``CALLS`` calls to ``peer`` started at once, until every one is answered."""
+    async with trio.open_nursery() as calls:
+        for i in range(CALLS):
+            calls.start_soon(p.call_rpc, peer, "a/x", (), "b/y", "m", {"i": i}, 5.0)

@@ -42,8 +42,7 @@ MAX_QUEUED: Final = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT: Final = 5.0
 
 _LENGTH = struct.Struct(">I")
-_ARRAY16 = struct.Struct(">BH")  # msgpack's array headers: 0xdc and 2 bytes of length,
-_ARRAY32 = struct.Struct(">BI")  # or 0xdd and 4
+_ARRAY_HEADER = msgpack.Packer().pack_array_header  # a msgpack array's header: 1 to 5 bytes
 _NUMBERED = struct.Struct(">cQI")  # direction, frame number, length
 
 
@@ -176,7 +175,7 @@ class Channel:
         batch: list[bytes] = []
         size = 0
         for body in bodies:
-            if batch and size + len(body) > MAX_FRAME - _ARRAY32.size:
+            if batch and size + len(body) > MAX_FRAME - 5:  # the longest array header
                 self._frame_batch(parts, batch)
                 batch, size = [], 0
             batch.append(body)
@@ -188,15 +187,7 @@ class Channel:
         if len(batch) == 1:
             self._frame(parts, batch[0])
             return
-        n = len(batch)
-        head = (
-            bytes([0x90 | n])
-            if n < 16
-            else _ARRAY16.pack(0xDC, n)
-            if n < 65536
-            else _ARRAY32.pack(0xDD, n)
-        )
-        self._frame(parts, head + b"".join(batch))
+        self._frame(parts, _ARRAY_HEADER(len(batch)) + b"".join(batch))
 
     def _frame(self, parts: list[bytes], body: bytes) -> None:
         parts += (_LENGTH.pack(len(body)), body, self._sign(self._out_dir, self._sent, body))
@@ -219,7 +210,7 @@ class Channel:
             batch = _batch(body)
             if batch is None:
                 return codec.unpack(body)
-        except (ValueError, msgpack.UnpackException, struct.error) as exc:
+        except (ValueError, msgpack.UnpackException) as exc:
             raise PeerRefused(f"a frame is not msgpack: {exc}") from None  # signed: a bug there
         self._unread.extend(batch)
         return self._unread.popleft()
@@ -236,19 +227,14 @@ def _batch(body: bytes) -> list[Any] | None:
     message may hold); None if ``body`` is not one: an array whose first item is an array."""
     if not body or body[0] not in _ARRAYS:
         return None
-    n, at = (
-        (body[0] & 0x0F, 1)
-        if body[0] < 0xDC
-        else (_ARRAY16.unpack_from(body)[1], 3)
-        if body[0] == 0xDC
-        else (_ARRAY32.unpack_from(body)[1], 5)
-    )
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body))
+    unpacker.feed(body)
+    n = unpacker.read_array_header()
+    at = unpacker.tell()
     if len(body) <= at or body[at] not in _ARRAYS:
         return None
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body))
-    unpacker.feed(body[at:])
     messages = [unpacker.unpack() for _ in range(n)]
-    if n < 2 or unpacker.tell() != len(body) - at or not all(type(m) is list for m in messages):
+    if n < 2 or unpacker.tell() != len(body) or not all(type(m) is list for m in messages):
         raise PeerRefused("a batch of the wrong shape")
     return messages
 
