@@ -15,7 +15,8 @@ processes over a real PostgreSQL primary with a synchronous standby, both starte
    bounds what any batching can reach here; the CPU time per put of the shard's host's event
    loop (its main thread, from ``/proc``: one thread, so it bounds the rate on its own, however
    many cores); and puts per PostgreSQL transaction (from ``pg_stat_database``, lease renewals
-   included: a lower bound).
+   included: a lower bound). ``cores busy`` is the rate times the CPU per put: how much of the
+   machine the phase kept busy (about 1 when the stages of a put wait for each other in turn).
 4. ``mixed``: the crash suite's mixed load (``bench/crash.py``: durable KV puts, compare-and-set
    counters, queue sends pushed to a consumer), 18 client threads over HTTP spread over the
    hosts, on a 1-host and on a 3-host cluster, each on a fresh database: answered requests/s,
@@ -382,6 +383,13 @@ def main(argv: list[str] | None = None) -> None:
             f"  the shard's host's event loop (one thread) per put allows at most "
             f"{spread(loop_bound, 2)}x"
         )
+        cores_busy = [
+            rate * cpu / 1e6
+            for rate, cpu in zip(
+                results[f"callers {where}/s"], results[f"callers {where} CPU us/put"], strict=True
+            )
+        ]
+        print(f"  cores busy on average (rate x CPU per put): {spread(cores_busy, 2)} of {cores}")
     scale = ratios("3 hosts answers/s", "1 host answers/s")
     print(f"mixed load, 3 hosts / 1 host answers/s: {spread(scale, 2)}x (a cost measure here)")
 

@@ -73,6 +73,7 @@ def test_cluster_actors_quick_run() -> None:
         "an actor's durable write:",
         "32 callers on the shard's host:",
         "the shard's host's event loop (one thread) per put allows",
+        "cores busy on average",
         "mixed load",
     ):
         assert line in out, out
