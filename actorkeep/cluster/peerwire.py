@@ -220,6 +220,8 @@ class Channel:
 
 
 _ARRAYS: Final = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+#: An array header's bytes, by its first: 1 (a fixarray), or 3 or 5 (``0xdc``, ``0xdd``).
+_HEADER_SIZE: Final = {0xDC: 3, 0xDD: 5}
 
 
 def _batch(body: bytes) -> list[Any] | None:
@@ -227,12 +229,12 @@ def _batch(body: bytes) -> list[Any] | None:
     message may hold); None if ``body`` is not one: an array whose first item is an array."""
     if not body or body[0] not in _ARRAYS:
         return None
+    at = _HEADER_SIZE.get(body[0], 1)  # the first item: an array in a batch, an id alone
+    if len(body) <= at or body[at] not in _ARRAYS:
+        return None
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body))
     unpacker.feed(body)
     n = unpacker.read_array_header()
-    at = unpacker.tell()
-    if len(body) <= at or body[at] not in _ARRAYS:
-        return None
     messages = [unpacker.unpack() for _ in range(n)]
     if n < 2 or unpacker.tell() != len(body) or not all(type(m) is list for m in messages):
         raise PeerRefused("a batch of the wrong shape")
