@@ -301,7 +301,8 @@ class Client:
     def _call(
         self, key: bytes, op: Op, frame: dict[str, Any]
     ) -> Coroutine[Any, Any, dict[str, Any]]:
-        return self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
+        shard = 0 if self.shards == 1 else shard_for(key, self.shards)  # no hash for one
+        return self._call_shard(self._addresses[shard], op, frame)
 
     async def _call_shard(self, address: str, op: Op, frame: dict[str, Any]) -> dict[str, Any]:
         """``op`` of the shard at ``address`` with ``frame`` (its fields checked by the

@@ -479,3 +479,83 @@ async def test_a_dialer_that_hangs_up_before_its_answer_leaves_no_error_behind()
         nursery.start_soon(dialer)
         with trio.fail_after(5):
             await serve_connection(far, SECRET, Slow())  # returns, raises nothing
+
+
+class AnswererCount(trio.abc.Instrument):
+    """Counts the tasks that answer peers' requests: started, and ended."""
+
+    def __init__(self) -> None:
+        self.spawned = 0
+        self.exited = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.spawned += task.name.endswith("answerer")
+
+    def task_exited(self, task: trio.lowlevel.Task) -> None:
+        self.exited += task.name.endswith("answerer")
+
+
+async def test_a_task_that_answered_takes_the_next_request_but_never_two_at_once() -> None:
+    """Requests one after another are answered by one task; a request that arrives while that
+    task waits on its event gets a task of its own at once (it never waits behind another);
+    past ``IDLE_ANSWERERS`` the tasks that answered end; and the ones waiting for a request end
+    with the connection."""
+    local = FakeLocal()
+    count = AnswererCount()
+    near, far = trio.testing.memory_stream_pair()
+    trio.lowlevel.add_instrument(count)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_connection, far, SECRET, local)
+            channel = await peerwire.dial(near, SECRET)
+            for i in range(20):
+                await channel.send([i, "rpc", "a/x", [], "b/y", "m", {}, None])
+                assert (await channel.receive())[:2] == [i, 0]
+            assert count.spawned == 1
+            await channel.send([20, "rpc", "a/x", [], "b/y", "wait", {}, None])
+            await local.reached.wait()  # the one task waits on this event
+            await channel.send([21, "rpc", "a/x", [], "b/y", "m", {}, None])
+            with trio.fail_after(5):
+                assert (await channel.receive())[:2] == [21, 0]
+            assert count.spawned == 2
+            local.release.set()
+            assert (await channel.receive())[:2] == [20, 0]
+            many = peers_module.IDLE_ANSWERERS + 10
+            local.release = trio.Event()
+            for i in range(many):
+                await channel.send([100 + i, "rpc", "a/x", [], "b/y", "wait", {}, None])
+            await trio.testing.wait_all_tasks_blocked()  # each waits on its event
+            assert len([r for r in local.ran if r[4] == "wait"]) == many + 1
+            local.release.set()
+            replies = [await channel.receive() for _ in range(many)]
+            assert sorted(r[0] for r in replies) == list(range(100, 100 + many))
+            await trio.testing.wait_all_tasks_blocked()
+            assert count.spawned - count.exited == peers_module.IDLE_ANSWERERS
+            with trio.fail_after(5):  # the dialer hangs up: the waiting tasks end with it
+                await near.aclose()
+                await trio.testing.wait_all_tasks_blocked()
+        assert count.spawned == count.exited
+    finally:
+        trio.lowlevel.remove_instrument(count)
+
+
+async def test_a_caller_cancelled_while_it_waits_leaves_the_connection_working(
+    port: tuple[int, FakeLocal], nursery: trio.Nursery
+) -> None:
+    """The caller gives up (cancelled) while the owner runs its event: the late reply finds
+    nobody waiting and is dropped, and the next calls on the connection are answered."""
+    number, local = port
+    p = await peers(nursery)
+    peer = f"127.0.0.1:{number}"
+    with trio.move_on_after(10) as scope:
+
+        async def cancel_once_reached() -> None:
+            await local.reached.wait()
+            scope.cancel()
+
+        nursery.start_soon(cancel_once_reached)
+        await p.call_rpc(peer, "a/x", (), "b/y", "wait", {}, None)
+    assert scope.cancelled_caught
+    local.release.set()
+    for i in range(3):
+        assert (await p.call_rpc(peer, "a/x", (), "b/y", "m", {"i": i}, None))["echo"] == {"i": i}

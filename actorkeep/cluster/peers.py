@@ -17,6 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+import outcome
 import structlog
 import trio
 
@@ -46,6 +47,8 @@ log = structlog.get_logger("actorkeep")
 
 #: How much longer than the callee's own timeout the caller waits for the answer.
 GRACE: Final = 1.0
+#: How many tasks of a connection that answered a request wait for the next one.
+IDLE_ANSWERERS: Final = 64
 #: How long dialing a host may take before it counts as unreachable.
 CONNECT_TIMEOUT: Final = 2.0
 
@@ -108,8 +111,29 @@ async def serve_connection(
             await say([msg[0], _ERROR, ["remote", 500, "InternalError", str(exc), None]])
 
     async def say(reply: list[Any]) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await channel.send(reply)  # the dialer gone: nobody hears it, nor does the host
+        # Not contextlib.suppress: a context manager a reply costs more than the try.
+        try:  # noqa: SIM105
+            await channel.send(reply)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the dialer gone: nobody hears it, nor does the host
+
+    # Each request is answered by a task of its own; a task that answered waits for the next
+    # request (at most IDLE_ANSWERERS of them wait), which costs less than a new task.
+    idle: list[trio.lowlevel.Task] = []
+
+    async def answerer(msg: list[Any]) -> None:
+        task = trio.lowlevel.current_task()
+
+        def unpark(_: Any) -> trio.lowlevel.Abort:
+            idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        while True:
+            await answer(msg)
+            if len(idle) >= IDLE_ANSWERERS:
+                return
+            idle.append(task)
+            msg = await trio.lowlevel.wait_task_rescheduled(unpark)
 
     async with stream, trio.open_nursery() as nursery:
         try:
@@ -121,7 +145,10 @@ async def serve_connection(
                     channel.batches = True
                     nursery.start_soon(say, [msg[0], _OK, True])
                     continue
-                nursery.start_soon(answer, msg)
+                if idle:
+                    trio.lowlevel.reschedule(idle.pop(), outcome.Value(msg))
+                else:
+                    nursery.start_soon(answerer, msg)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except PeerRefused as exc:
@@ -150,15 +177,36 @@ async def serve_peers(
 # -- the dialing side ---------------------------------------------------------------------------
 class _Slot:
     """Where one call's reply lands: ``reply`` is None if the connection ended first, or if
-    ``deadline`` passed first (``late``)."""
+    ``deadline`` passed first (``late``). ``end`` wakes the caller if it waits (``wait``)."""
 
-    __slots__ = ("deadline", "done", "late", "reply")
+    __slots__ = ("deadline", "done", "late", "reply", "task")
 
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self.done = False
         self.reply: list[Any] | None = None
         self.deadline = math.inf
         self.late = False
+        self.task: trio.lowlevel.Task | None = None  # the caller, while it waits
+
+    def end(self, reply: list[Any] | None = None, *, late: bool = False) -> None:
+        if self.done:
+            return
+        self.done, self.reply, self.late = True, reply, late
+        task = self.task
+        if task is not None:
+            self.task = None
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        if self.done:
+            return
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class _Link:
@@ -179,8 +227,7 @@ class _Link:
                     raise PeerRefused("a reply of the wrong shape")
                 slot = self.waiting.pop(msg[0], None)
                 if slot is not None:
-                    slot.reply = msg
-                    slot.done.set()
+                    slot.end(msg)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except PeerRefused as exc:
@@ -188,7 +235,7 @@ class _Link:
         finally:
             self.broken = True
             for slot in self.waiting.values():
-                slot.done.set()  # no reply: the outcome is unknown
+                slot.end()  # no reply: the outcome is unknown
             self.waiting.clear()
             with trio.CancelScope(shield=True):
                 await self.channel.aclose()
@@ -230,8 +277,7 @@ class Peers:
             for link in list(self._links.values()):
                 for slot in link.waiting.values():
                     if slot.deadline <= now:
-                        slot.late = True
-                        slot.done.set()
+                        slot.end(late=True)
                     elif slot.deadline < earliest:
                         earliest = slot.deadline
             with trio.CancelScope(deadline=earliest) as self._deadlines:
@@ -323,7 +369,7 @@ class Peers:
                 raise outcome_unknown(address) from None
             if timeout is not None:
                 self._watch(slot, trio.current_time() + timeout + GRACE)
-            await slot.done.wait()
+            await slot.wait()
             if slot.late:
                 raise CallTimeout(f"{address} did not answer in {timeout} s")
         finally:
