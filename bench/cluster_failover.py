@@ -62,8 +62,12 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(settle)
                 for kill in range(kills):
                     victim, other = hosts[kill % 2], hosts[1 - kill % 2]
-                    mine = served_by(pg.conninfo, victim, COUNTERS)
-                    assert mine, "the victim serves no counter"
+                    # A restarted host gets its share within about three ticks of the
+                    # leases; a slow machine may need a little longer than ``settle``.
+                    deadline = time.monotonic() + 15
+                    while not (mine := served_by(pg.conninfo, victim, COUNTERS)):
+                        assert time.monotonic() < deadline, "the victim serves no counter"
+                        time.sleep(0.2)
                     path = f"/counter/c{mine[0]}"
                     reply = victim.rpc(f"{path}/_rpc/incr_durable", {"by": 1})
                     assert reply.status == 200, reply
