@@ -505,36 +505,35 @@ async def test_a_task_that_answered_takes_the_next_request_but_never_two_at_once
     near, far = trio.testing.memory_stream_pair()
     trio.lowlevel.add_instrument(count)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(serve_connection, far, SECRET, local)
-            channel = await peerwire.dial(near, SECRET)
-            for i in range(20):
-                await channel.send([i, "rpc", "a/x", [], "b/y", "m", {}, None])
-                assert (await channel.receive())[:2] == [i, 0]
-            assert count.spawned == 1
-            await channel.send([20, "rpc", "a/x", [], "b/y", "wait", {}, None])
-            await local.reached.wait()  # the one task waits on this event
-            await channel.send([21, "rpc", "a/x", [], "b/y", "m", {}, None])
-            with trio.fail_after(5):
-                assert (await channel.receive())[:2] == [21, 0]
-            assert count.spawned == 2
-            local.release.set()
-            assert (await channel.receive())[:2] == [20, 0]
-            many = peers_module.IDLE_ANSWERERS + 10
-            local.release = trio.Event()
-            for i in range(many):
-                await channel.send([100 + i, "rpc", "a/x", [], "b/y", "wait", {}, None])
-            await trio.testing.wait_all_tasks_blocked()  # each waits on its event
-            assert len([r for r in local.ran if r[4] == "wait"]) == many + 1
-            local.release.set()
-            replies = [await channel.receive() for _ in range(many)]
-            assert sorted(r[0] for r in replies) == list(range(100, 100 + many))
-            await trio.testing.wait_all_tasks_blocked()
-            assert count.spawned - count.exited == peers_module.IDLE_ANSWERERS
-            with trio.fail_after(5):  # the dialer hangs up: the waiting tasks end with it
-                await near.aclose()
+        with trio.fail_after(30):  # a task left waiting would hang the nursery
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_connection, far, SECRET, local)
+                channel = await peerwire.dial(near, SECRET)
+                for i in range(20):
+                    await channel.send([i, "rpc", "a/x", [], "b/y", "m", {}, None])
+                    assert (await channel.receive())[:2] == [i, 0]
+                assert count.spawned == 1
+                await channel.send([20, "rpc", "a/x", [], "b/y", "wait", {}, None])
+                await local.reached.wait()  # the one task waits on this event
+                await channel.send([21, "rpc", "a/x", [], "b/y", "m", {}, None])
+                with trio.fail_after(5):
+                    assert (await channel.receive())[:2] == [21, 0]
+                assert count.spawned == 2
+                local.release.set()
+                assert (await channel.receive())[:2] == [20, 0]
+                many = peers_module.IDLE_ANSWERERS + 10
+                local.release = trio.Event()
+                for i in range(many):
+                    await channel.send([100 + i, "rpc", "a/x", [], "b/y", "wait", {}, None])
+                await trio.testing.wait_all_tasks_blocked()  # each waits on its event
+                assert len([r for r in local.ran if r[4] == "wait"]) == many + 1
+                local.release.set()
+                replies = [await channel.receive() for _ in range(many)]
+                assert sorted(r[0] for r in replies) == list(range(100, 100 + many))
                 await trio.testing.wait_all_tasks_blocked()
-        assert count.spawned == count.exited
+                assert count.spawned - count.exited == peers_module.IDLE_ANSWERERS
+                await near.aclose()  # the dialer hangs up: the waiting tasks end with it
+            assert count.spawned == count.exited
     finally:
         trio.lowlevel.remove_instrument(count)
 
