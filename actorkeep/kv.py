@@ -100,7 +100,8 @@ class Conflict(RemoteError):
 
 def shard_for(key: bytes | str, n: int) -> int:
     """The shard of ``key``: FNV-1a 64-bit of the key bytes, mod ``n``."""
-    return fnv1a64(key.encode() if isinstance(key, str) else key) % n
+    data = key.encode() if isinstance(key, str) else key
+    return 0 if n == 1 else fnv1a64(data) % n  # one shard: no hash
 
 
 def _wire_expect(expect: object) -> int | None:
@@ -301,8 +302,7 @@ class Client:
     def _call(
         self, key: bytes, op: Op, frame: dict[str, Any]
     ) -> Coroutine[Any, Any, dict[str, Any]]:
-        shard = 0 if self.shards == 1 else shard_for(key, self.shards)  # no hash for one
-        return self._call_shard(self._addresses[shard], op, frame)
+        return self._call_shard(self._addresses[shard_for(key, self.shards)], op, frame)
 
     async def _call_shard(self, address: str, op: Op, frame: dict[str, Any]) -> dict[str, Any]:
         """``op`` of the shard at ``address`` with ``frame`` (its fields checked by the

@@ -47,7 +47,7 @@ log = structlog.get_logger("actorkeep")
 
 #: How much longer than the callee's own timeout the caller waits for the answer.
 GRACE: Final = 1.0
-#: How many tasks of a connection that answered a request wait for the next one.
+#: At most how many tasks of a connection, each done with a request, wait for the next one.
 IDLE_ANSWERERS: Final = 64
 #: How long dialing a host may take before it counts as unreachable.
 CONNECT_TIMEOUT: Final = 2.0
@@ -198,15 +198,13 @@ class _Slot:
             trio.lowlevel.reschedule(task)
 
     async def wait(self) -> None:
-        if self.done:
-            return
+        if not self.done:
+            self.task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
 
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self.task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        self.task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def _abort(self, _: Any) -> trio.lowlevel.Abort:
+        self.task = None  # cancelled: a reply that comes now must not wake it
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class _Link:

@@ -175,7 +175,7 @@ class Channel:
         batch: list[bytes] = []
         size = 0
         for body in bodies:
-            if batch and size + len(body) > MAX_FRAME - 5:  # the longest array header
+            if batch and size + len(body) > MAX_FRAME - _HEADER_SIZE[0xDD]:
                 self._frame_batch(parts, batch)
                 batch, size = [], 0
             batch.append(body)
